@@ -1,0 +1,49 @@
+# gswarm: `make up` runs everything on this host; `make test` proves it against real services.
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: up install dev test test-unit test-integration lint bench services clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.dev: $(STAMP) pyproject.toml
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+install: $(STAMP)
+
+dev: $(VENV)/.dev
+
+up: $(STAMP)
+	$(BIN)/gswarm up
+
+services:
+	@scripts/services.sh
+
+test: dev services
+	$(BIN)/python -m pytest -q -ra
+
+test-unit: dev
+	$(BIN)/python -m pytest -q tests/unit
+
+test-integration: dev services
+	$(BIN)/python -m pytest -q tests/integration
+
+lint: dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check gswarm_tasks gswarm_web tests bench migrations
+	$(BIN)/mypy gswarm_tasks gswarm_web
+
+bench: dev services
+	$(BIN)/python bench/heartbeat.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

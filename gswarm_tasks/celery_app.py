@@ -1,0 +1,159 @@
+"""The Celery app of the fleet: Redis broker and results, JSON only, one queue per node plus `control`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery, Task
+
+from . import defaults
+from .devices import validate_node_name
+from .errors import InvalidRequest, RedeliveryLimitExceeded
+from .settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+
+class GswarmTask(Task):
+    """Base of every gswarm task: late acks, redelivery on worker loss, and a cap on redeliveries.
+
+    Celery re-sends a task whose pool process died (`task_retry_on_worker_lost`) up to `max_retries`
+    times and then fails it. A whole worker killed mid-task leaves its message unacknowledged in Redis,
+    which redelivers it; `before_start` counts those deliveries per attempt so a task that kills its
+    worker every time also ends failed instead of looping.
+    """
+
+    acks_late = True
+    reject_on_worker_lost = True
+    # A worker-loss retry waits this long; explicit retries always pass their own countdown.
+    default_retry_delay = 1
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        client = getattr(self.app.backend, "client", None)
+        if client is None or self.request.is_eager:
+            return
+        key = f"gswarm:deliveries:{task_id}:{self.request.retries or 0}"
+        pipe = client.pipeline()
+        pipe.incr(key)
+        pipe.expire(key, int(self.app.conf.broker_transport_options.get("visibility_timeout", 3600)) * 4)
+        count = int(pipe.execute()[0])
+        cap = int(self.app.conf.get("gswarm_max_redeliveries", defaults.RETRY_COUNT))
+        if count > cap + 1:
+            raise RedeliveryLimitExceeded(
+                f"task {self.name}[{task_id}] was delivered {count} times without finishing; giving up",
+                {"task_id": task_id, "deliveries": count, "cap": cap},
+            )
+
+
+class NodeTask(GswarmTask):
+    """A task that runs on one node: it must be sent to that node's queue, never to a default one."""
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any) -> Any:
+        if not (options.get("queue") or options.get("routing_key")) and not self.app.conf.task_always_eager:
+            raise InvalidRequest(f"{self.name} runs on a node: send it with send_to_node(node, ...)", {"task": self.name})
+        return super().apply_async(args, kwargs, task_id, **options)
+
+
+def priority_value(name: str | int | None) -> int:
+    """Broker priority for a name (`critical|high|normal|low`) or an int 0-9; Redis serves 0 first."""
+    if name is None:
+        return defaults.PRIORITIES["normal"]
+    if isinstance(name, int) and not isinstance(name, bool) and 0 <= name <= 9:
+        return name
+    if isinstance(name, str) and name in defaults.PRIORITIES:
+        return defaults.PRIORITIES[name]
+    raise InvalidRequest(
+        f"priority: {name!r} is not one of {', '.join(defaults.PRIORITIES)}", {"field": "priority", "value": name}
+    )
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The Celery configuration for `settings`; everything that makes the fleet behave lives here."""
+    url = settings.effective_redis_url
+    return {
+        "broker_url": url,
+        "result_backend": url,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "timezone": "UTC",
+        "enable_utc": True,
+        "task_default_queue": defaults.CONTROL_QUEUE,
+        "task_create_missing_queues": True,
+        "task_routes": {"gswarm.control.*": {"queue": defaults.CONTROL_QUEUE}},
+        "task_default_priority": defaults.PRIORITIES["normal"],
+        "task_acks_late": True,
+        "task_acks_on_failure_or_timeout": True,
+        "task_reject_on_worker_lost": True,
+        "task_retry_on_worker_lost": True,
+        "task_annotations": {"*": {"max_retries": settings.retry_count}},
+        "gswarm_max_redeliveries": settings.retry_count,
+        "task_time_limit": settings.task_timeout_s,
+        "task_track_started": True,
+        "task_send_sent_event": True,
+        "worker_send_task_events": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout_s,
+            "priority_steps": defaults.PRIORITY_STEPS,
+            "sep": ":",
+            "queue_order_strategy": "priority",
+        },
+        "result_extended": True,
+        "result_expires": 7 * 24 * 3600,
+        # In-memory beat schedule: the default shelve file would pickle.
+        "beat_scheduler": "celery.beat:Scheduler",
+        "beat_schedule": {
+            "gswarm-node-sweep": {
+                "task": "gswarm.control.sweep_nodes",
+                "schedule": max(1.0, settings.heartbeat_interval_s),
+                "options": {"queue": defaults.CONTROL_QUEUE, "expires": max(1.0, settings.heartbeat_interval_s)},
+            },
+        },
+    }
+
+
+def make_celery(settings: Settings | None = None) -> Celery:
+    settings = settings or load_settings()
+    app = Celery("gswarm", task_cls=GswarmTask)
+    app.conf.update(celery_config(settings))
+    app.gswarm_settings = settings  # type: ignore[attr-defined]
+    return app
+
+
+def configure(app: Celery, settings: Settings) -> None:
+    """Re-point an existing app at other settings (tests and `gswarm up` use this)."""
+    app.conf.update(celery_config(settings))
+    app.gswarm_settings = settings  # type: ignore[attr-defined]
+
+
+def settings_of(app: Celery) -> Settings:
+    settings: Settings | None = getattr(app, "gswarm_settings", None)
+    if settings is None:
+        settings = load_settings()
+        app.gswarm_settings = settings  # type: ignore[attr-defined]
+    return settings
+
+
+def send_to_node(
+    app: Celery,
+    node: str,
+    task_name: str,
+    args: list[Any] | tuple[Any, ...] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    priority: str | int | None = None,
+    **options: Any,
+) -> Any:
+    """Send a node task to exactly that node's queue."""
+    validate_node_name(node, "node")
+    return app.send_task(
+        task_name, args=args, kwargs=kwargs, queue=node, routing_key=node, priority=priority_value(priority), **options
+    )
+
+
+app = make_celery()

@@ -1,0 +1,106 @@
+"""Device and node names: the one parser for `<node>:<tier>[:<index>]`, and safe storage paths."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InvalidRequest
+
+NODE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+TIER_RE = re.compile(r"^(disk|dram|cpu|gpu(0|[1-9][0-9]{0,2}))$")
+# Names that are queues of the system itself and so cannot be a node's queue.
+RESERVED_NODE_NAMES = frozenset({"control", "celery", "web", "default"})
+STORAGE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+=-]{0,199}$")
+
+
+def validate_node_name(name: str, field: str = "node") -> str:
+    """Return `name` if it is a valid node name, else raise InvalidRequest naming `field`."""
+    if not isinstance(name, str) or not NODE_NAME_RE.match(name):
+        raise InvalidRequest(
+            f"{field}: {name!r} is not a valid node name (lowercase letters, digits and '-', 1-63 chars)",
+            {"field": field, "value": name},
+        )
+    if name in RESERVED_NODE_NAMES:
+        raise InvalidRequest(f"{field}: {name!r} is reserved", {"field": field, "value": name})
+    return name
+
+
+@dataclass(frozen=True, order=True)
+class Device:
+    """A place something can live: `node1:disk`, `node1:dram`, `node1:gpu0`, `node1:cpu`, or `web`."""
+
+    node: str | None
+    tier: str
+    index: int | None = None
+
+    @classmethod
+    def parse(cls, text: str, field: str = "device", default_node: str | None = None) -> Device:
+        """Parse a device name; a bare tier (`gpu0`) takes `default_node` when one is given."""
+        if not isinstance(text, str) or not text:
+            raise InvalidRequest(f"{field}: a device name is required", {"field": field, "value": text})
+        if text == "web":
+            return cls(None, "web")
+        parts = text.split(":")
+        if len(parts) == 1 and default_node is not None:
+            parts = [default_node, parts[0]]
+        if len(parts) not in (2, 3):
+            raise InvalidRequest(
+                f"{field}: {text!r} is not a device name (expected <node>:<tier>[:<index>])",
+                {"field": field, "value": text},
+            )
+        node = validate_node_name(parts[0], field)
+        tier = parts[1]
+        if not TIER_RE.match(tier):
+            raise InvalidRequest(
+                f"{field}: {text!r} has unknown tier {tier!r} (disk, dram, cpu or gpuN)",
+                {"field": field, "value": text},
+            )
+        index: int | None = None
+        if len(parts) == 3:
+            if not parts[2].isdigit() or len(parts[2]) > 6:
+                raise InvalidRequest(f"{field}: {text!r} has a bad index", {"field": field, "value": text})
+            index = int(parts[2])
+        return cls(node, tier, index)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.tier.startswith("gpu")
+
+    @property
+    def gpu_index(self) -> int | None:
+        return int(self.tier[3:]) if self.is_gpu else None
+
+    def __str__(self) -> str:
+        if self.node is None:
+            return self.tier
+        base = f"{self.node}:{self.tier}"
+        return base if self.index is None else f"{base}:{self.index}"
+
+
+def safe_name(name: str, field: str = "name") -> str:
+    """Return `name` if it can be one path component under a storage root, else raise."""
+    if (
+        not isinstance(name, str)
+        or not STORAGE_NAME_RE.match(name)
+        or name in (".", "..")
+        or ".." in name
+    ):
+        raise InvalidRequest(
+            f"{field}: {name!r} cannot be used as a storage name (letters, digits and ._@+=- only; no '..' or '/')",
+            {"field": field, "value": name},
+        )
+    return name
+
+
+def storage_path(root: str | Path, *names: str) -> Path:
+    """Build a path under `root` from checked names; the only way a name reaches a file path."""
+    base = Path(root).resolve()
+    path = base
+    for i, name in enumerate(names):
+        path = path / safe_name(name, field=f"name[{i}]")
+    resolved = path.resolve()
+    if resolved != base and base not in resolved.parents:
+        raise InvalidRequest(f"path escapes the storage root: {path}", {"root": str(base)})
+    return path

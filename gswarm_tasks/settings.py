@@ -1,0 +1,256 @@
+"""One settings object: defaults, then `config.yaml`, then `GSWARM_*` environment variables."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import defaults
+from .devices import validate_node_name
+from .errors import ConfigError
+
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from an int or a string like `100GB` or `64GiB`."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, int | float):
+        return int(value)
+    m = _SIZE_RE.match(str(value))
+    if not m:
+        raise ValueError(f"not a size: {value!r}")
+    unit = (m.group(2) or "").lower()
+    binary = "i" in unit
+    prefix = unit[:1] if unit[:1] in "kmgtp" and unit else ""
+    mult = _SIZE_UNITS[prefix]
+    if binary and prefix:
+        mult = 1024 ** ("kmgtp".index(prefix) + 1)
+    return int(float(m.group(1)) * mult)
+
+
+def parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
+def _default_node_name() -> str:
+    host = socket.gethostname().split(".")[0].lower()
+    name = re.sub(r"[^a-z0-9-]", "-", host).strip("-")[:63] or "node"
+    return name if name[0].isalnum() else f"n{name}"[:63]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its attribute, environment variable, place in config.yaml, parser and help."""
+
+    name: str
+    env: str
+    path: str | None
+    parse: Callable[[Any], Any]
+    help: str
+
+
+def _opt_str(v: Any) -> str | None:
+    return None if v is None or v == "" else str(v)
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("home", "GSWARM_HOME", None, str, "State directory: database, token, logs, local storage (~/.gswarm)"),
+    Option("config_file", "GSWARM_CONFIG", None, _opt_str, "Config file (default $GSWARM_HOME/config.yaml)"),
+    Option("database_url", "GSWARM_DATABASE_URL", "cluster.database_url", _opt_str,
+           "SQLAlchemy URL of the state database (default SQLite in $GSWARM_HOME)"),
+    Option("redis_url", "GSWARM_REDIS_URL", "cluster.redis_url", _opt_str,
+           "Redis URL: broker, results, streams (`gswarm up` embeds one when unset)"),
+    Option("api_host", "GSWARM_API_HOST", "cluster.host", str, "Address the API binds to (127.0.0.1)"),
+    Option("api_port", "GSWARM_API_PORT", "cluster.port", int, "Port of the API (8091)"),
+    Option("api_url", "GSWARM_API_URL", "cluster.api_url", _opt_str,
+           "API the CLI talks to (http://127.0.0.1:8091)"),
+    Option("token", "GSWARM_TOKEN", None, _opt_str, "Bearer token the CLI sends (default: $GSWARM_HOME/token)"),
+    Option("admin_token", "GSWARM_ADMIN_TOKEN", "auth.admin_token", _opt_str,
+           "A fixed admin token the API accepts besides the ones in its database (for clusters)"),
+    Option("node_name", "GSWARM_NODE_NAME", None, _opt_str,
+           "This host's node name; its queue has the same name (default: from the worker name or hostname)"),
+    Option("node_address", "GSWARM_NODE_ADDRESS", None, _opt_str,
+           "Address other nodes reach this one at (default: the address that routes to the broker)"),
+    Option("storage_root", "GSWARM_STORAGE_ROOT", "models.storage_path", _opt_str,
+           "Node storage root, the `disk` tier (default $GSWARM_HOME/storage/<node>)"),
+    Option("dram_root", "GSWARM_DRAM_ROOT", "models.dram_path", _opt_str,
+           "tmpfs directory of the `dram` tier (default /dev/shm/gswarm/<node>)"),
+    Option("cache_size", "GSWARM_MODELS_CACHE_SIZE", "models.cache_size", parse_size,
+           "Bytes of storage the node may use for models (`100GB` style accepted)"),
+    Option("heartbeat_interval_s", "GSWARM_HEARTBEAT_INTERVAL", "cluster.heartbeat_interval", float,
+           "Seconds between node heartbeats (5)"),
+    Option("heartbeat_timeout_s", "GSWARM_HEARTBEAT_TIMEOUT", "cluster.heartbeat_timeout", float,
+           "Seconds without a heartbeat before a node is `unhealthy` (30)"),
+    Option("offline_after_s", "GSWARM_OFFLINE_AFTER", "cluster.offline_after", float,
+           "Seconds without a heartbeat before a node is `offline` (120)"),
+    Option("max_concurrent_tasks", "GSWARM_QUEUE_MAX_CONCURRENT_TASKS", "queue.max_concurrent_tasks", int,
+           "Tasks a node worker runs at once (4)"),
+    Option("task_timeout_s", "GSWARM_QUEUE_TASK_TIMEOUT", "queue.task_timeout", int,
+           "Hard time limit of any task in seconds (3600)"),
+    Option("retry_count", "GSWARM_QUEUE_RETRY_COUNT", "queue.retry_count", int,
+           "Retries of a failed task, and redeliveries of one whose worker died (3)"),
+    Option("visibility_timeout_s", "GSWARM_QUEUE_VISIBILITY_TIMEOUT", "queue.visibility_timeout", int,
+           "Seconds before Redis redelivers an unacknowledged task; must exceed the task timeout (43200)"),
+    Option("profiling_frequency_ms", "GSWARM_PROFILING_DEFAULT_FREQUENCY", "profiling.default_frequency", int,
+           "Default sampling period of a profiling session in ms (1000)"),
+    Option("profiling_bandwidth", "GSWARM_PROFILING_ENABLE_BANDWIDTH", "profiling.enable_bandwidth", parse_bool,
+           "Record PCIe bandwidth by default (true)"),
+    Option("profiling_nvlink", "GSWARM_PROFILING_ENABLE_NVLINK", "profiling.enable_nvlink", parse_bool,
+           "Record NVLink bandwidth by default (false)"),
+    Option("log_level", "GSWARM_LOG_LEVEL", "logging.level", str, "Log level of every process (INFO)"),
+)
+
+
+@dataclass
+class Settings:
+    """Every setting gswarm reads, resolved; see OPTIONS for where each comes from."""
+
+    home: str = field(default_factory=lambda: str(Path("~/.gswarm").expanduser()))
+    config_file: str | None = None
+    database_url: str | None = None
+    redis_url: str | None = None
+    api_host: str = defaults.API_HOST
+    api_port: int = defaults.API_PORT
+    api_url: str | None = None
+    token: str | None = None
+    admin_token: str | None = None
+    node_name: str | None = None
+    node_address: str | None = None
+    storage_root: str | None = None
+    dram_root: str | None = None
+    cache_size: int = 100 * 10**9
+    heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
+    heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S
+    offline_after_s: float = defaults.OFFLINE_AFTER_S
+    max_concurrent_tasks: int = defaults.MAX_CONCURRENT_TASKS
+    task_timeout_s: int = defaults.TASK_TIMEOUT_S
+    retry_count: int = defaults.RETRY_COUNT
+    visibility_timeout_s: int = defaults.VISIBILITY_TIMEOUT_S
+    profiling_frequency_ms: int = defaults.PROFILING_FREQUENCY_MS
+    profiling_bandwidth: bool = True
+    profiling_nvlink: bool = False
+    log_level: str = "INFO"
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    # Derived values: one place decides each default that depends on another setting.
+    @property
+    def effective_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{Path(self.home) / 'gswarm.db'}"
+
+    @property
+    def effective_redis_url(self) -> str:
+        return self.redis_url or defaults.REDIS_URL
+
+    @property
+    def effective_api_url(self) -> str:
+        return (self.api_url or f"http://{self.api_host}:{self.api_port}").rstrip("/")
+
+    @property
+    def effective_node_name(self) -> str:
+        return self.node_name or _default_node_name()
+
+    @property
+    def token_file(self) -> Path:
+        return Path(self.home) / "token"
+
+    def effective_storage_root(self, node: str | None = None) -> Path:
+        if self.storage_root:
+            return Path(self.storage_root).expanduser()
+        return Path(self.home) / "storage" / (node or self.effective_node_name)
+
+    def effective_dram_root(self, node: str | None = None) -> Path:
+        if self.dram_root:
+            return Path(self.dram_root).expanduser()
+        return Path("/dev/shm/gswarm") / (node or self.effective_node_name)
+
+    def read_token(self) -> str | None:
+        if self.token:
+            return self.token
+        try:
+            return self.token_file.read_text().strip() or None
+        except OSError:
+            return None
+
+
+def _lookup(doc: Mapping[str, Any], dotted: str) -> Any:
+    cur: Any = doc
+    for part in dotted.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def _parse(opt: Option, value: Any, source: str) -> Any:
+    try:
+        return opt.parse(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: bad value for {opt.name}: {exc}", {"field": opt.env, "value": str(value)}) from exc
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Resolve settings from defaults, the config file and the environment (in that order)."""
+    env = os.environ if environ is None else environ
+    home = Path(env.get("GSWARM_HOME") or "~/.gswarm").expanduser()
+    config_file = env.get("GSWARM_CONFIG") or str(home / "config.yaml")
+    doc: dict[str, Any] = {}
+    if Path(config_file).is_file():
+        try:
+            loaded = yaml.safe_load(Path(config_file).read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{config_file}: not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{config_file}: the top level must be a mapping")
+        doc = loaded
+    elif env.get("GSWARM_CONFIG"):
+        raise ConfigError(f"GSWARM_CONFIG names {config_file}, which does not exist", {"field": "GSWARM_CONFIG"})
+
+    values: dict[str, Any] = {"home": str(home), "config_file": config_file}
+    for opt in OPTIONS:
+        if opt.name in ("home", "config_file"):
+            continue
+        if opt.path is not None:
+            v = _lookup(doc, opt.path)
+            if v is not None:
+                values[opt.name] = _parse(opt, v, config_file)
+        if env.get(opt.env) not in (None, ""):
+            values[opt.name] = _parse(opt, env[opt.env], opt.env)
+
+    nodes = doc.get("nodes") or []
+    if not isinstance(nodes, list):
+        raise ConfigError(f"{config_file}: `nodes` must be a list")
+    for i, node in enumerate(nodes):
+        if not isinstance(node, dict) or "name" not in node:
+            raise ConfigError(f"{config_file}: nodes[{i}] needs a `name`")
+        validate_node_name(node["name"], f"nodes[{i}].name")
+    settings = Settings(**values, nodes=nodes, raw=doc)
+    if settings.node_name:
+        validate_node_name(settings.node_name, "GSWARM_NODE_NAME")
+    if settings.visibility_timeout_s <= settings.task_timeout_s:
+        raise ConfigError(
+            "queue.visibility_timeout must exceed queue.task_timeout, or Redis redelivers tasks that are still running",
+            {"visibility_timeout": settings.visibility_timeout_s, "task_timeout": settings.task_timeout_s},
+        )
+    return settings
+
+
+def settings_fields() -> list[str]:
+    return [f.name for f in fields(Settings)]

@@ -1,0 +1,98 @@
+"""Worker start-up and shut-down hooks: a node worker learns its name and heartbeats."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
+
+from .celery_app import settings_of
+from .devices import NODE_NAME_RE, RESERVED_NODE_NAMES
+from .node import Heartbeat, route_address
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeContext:
+    """What a node worker knows about itself; tasks read it through `current_node()`."""
+
+    name: str
+    storage_root: Path
+    dram_root: Path
+    address: str
+    worker: str
+
+
+_node: NodeContext | None = None
+_heartbeat: Heartbeat | None = None
+
+
+def current_node() -> NodeContext | None:
+    return _node
+
+
+def resolve_node_name(configured: str | None, worker_name: str, queues: list[str]) -> str | None:
+    """The node this worker serves: the configured name, else the worker name's prefix, else its one node queue.
+
+    A worker that consumes no queue of that name (the control worker) is not a node.
+    """
+    candidates = [configured] if configured else [worker_name.split("@", 1)[0]]
+    node_queues = [q for q in queues if NODE_NAME_RE.match(q) and q not in RESERVED_NODE_NAMES]
+    if not configured and len(node_queues) == 1:
+        candidates.append(node_queues[0])
+    for name in candidates:
+        if name and name in node_queues:
+            return name
+    return None
+
+
+@celeryd_after_setup.connect
+def _on_setup(sender: str, instance: Any, **_: Any) -> None:
+    global _node
+    app = instance.app
+    settings = settings_of(app)
+    queues = sorted(app.amqp.queues.consume_from or app.amqp.queues)
+    name = resolve_node_name(settings.node_name, sender, queues)
+    if name is None:
+        return
+    _node = NodeContext(
+        name=name,
+        storage_root=settings.effective_storage_root(name),
+        dram_root=settings.effective_dram_root(name),
+        address=settings.node_address or route_address(settings.effective_redis_url),
+        worker=sender,
+    )
+    _node.storage_root.mkdir(parents=True, exist_ok=True)
+    log.info("node worker %s serves node %s (storage %s)", sender, name, _node.storage_root)
+
+
+@worker_ready.connect
+def _on_ready(sender: Any = None, **_: Any) -> None:
+    global _heartbeat
+    if _node is None or _heartbeat is not None:
+        return
+    settings = settings_of(sender.app)
+    client = redis.Redis.from_url(settings.effective_redis_url, socket_timeout=5, socket_connect_timeout=5)
+    _heartbeat = Heartbeat(
+        client,
+        _node.name,
+        _node.storage_root,
+        _node.dram_root,
+        _node.address,
+        settings.heartbeat_interval_s,
+        extra={"worker": _node.worker, "queues": [_node.name]},
+    )
+    _heartbeat.start()
+
+
+@worker_shutdown.connect
+def _on_shutdown(**_: Any) -> None:
+    global _heartbeat
+    if _heartbeat is not None:
+        _heartbeat.stop(announce=True)
+        _heartbeat = None

@@ -1,0 +1,78 @@
+"""The control plane: Flask app factory, API blueprints, models, control tasks and the CLI."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import Flask
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from gswarm_tasks.settings import Settings, load_settings
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # WAL lets the web app read while the control worker writes; foreign keys are off by default in SQLite.
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def flask_config(settings: Settings) -> dict[str, Any]:
+    url = settings.effective_database_url
+    engine_options: dict[str, Any] = {"pool_pre_ping": True}
+    if not url.startswith("sqlite"):
+        engine_options.update(pool_size=5, max_overflow=10, pool_recycle=1800)
+    return {
+        "GSWARM_SETTINGS": settings,
+        "GSWARM_ADMIN_TOKEN": settings.admin_token,
+        "SQLALCHEMY_DATABASE_URI": url,
+        "SQLALCHEMY_ENGINE_OPTIONS": engine_options,
+        "API_TITLE": "gswarm",
+        "API_VERSION": "v1",
+        "OPENAPI_VERSION": "3.0.3",
+        "OPENAPI_URL_PREFIX": "/api/v1",
+        "OPENAPI_JSON_PATH": "openapi.json",
+        "OPENAPI_SWAGGER_UI_PATH": "docs",
+        "OPENAPI_SWAGGER_UI_URL": "https://cdn.jsdelivr.net/npm/swagger-ui-dist/",
+        "API_SPEC_OPTIONS": {
+            "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+            "security": [{"bearer": []}],
+            "info": {"description": "GPU-fleet manager: nodes, models, data, workflows and profiling."},
+        },
+        "MAX_CONTENT_LENGTH": 64 * 1024 * 1024,
+    }
+
+
+def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
+    """Build the control-plane app from settings (default: loaded from config file and environment)."""
+    from . import health, nodes, tokens
+    from .auth import init_auth
+    from .errors import register_error_handlers
+    from .extensions import api, db
+
+    settings = config if isinstance(config, Settings) else load_settings()
+    app = Flask(__name__)
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.config.update(flask_config(settings))
+    if isinstance(config, dict):
+        app.config.update(config)
+    logging.getLogger("gswarm_web").setLevel(settings.log_level.upper())
+
+    db.init_app(app)
+    with app.app_context():
+        if db.engine.dialect.name == "sqlite":
+            event.listen(db.engine, "connect", _sqlite_pragmas)
+    api.init_app(app)
+    app.extensions["gswarm_api"] = api
+    register_error_handlers(app)
+    init_auth(app)
+    for blp in (health.blp, nodes.blp, tokens.blp):
+        api.register_blueprint(blp)
+    return app
+
+
+__all__ = ["create_app", "Engine"]

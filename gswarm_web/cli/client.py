@@ -1,0 +1,60 @@
+"""A small HTTP client for the CLI: bearer token, JSON, and the server's error message on failure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import requests
+
+from gswarm_tasks.errors import GswarmError, NetworkError
+from gswarm_tasks.settings import Settings
+
+
+class ApiError(GswarmError):
+    """An error the server answered with; carries its code and message."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        err = body.get("error") if isinstance(body.get("error"), dict) else {}
+        super().__init__(str(err.get("message") or f"HTTP {status}"), err.get("details") or {})
+        self.code = str(err.get("code") or "INTERNAL")
+        self.status = status
+        self.request_id = err.get("request_id")
+
+
+class ApiClient:
+    def __init__(self, base_url: str, token: str | None, timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.session = requests.Session()
+        if token:
+            self.session.headers["Authorization"] = f"Bearer {token}"
+        self.timeout = timeout
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ApiClient:
+        return cls(settings.effective_api_url, settings.read_token())
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        url = f"{self.base_url}/api/v1/{path.lstrip('/')}"
+        kwargs.setdefault("timeout", self.timeout)
+        try:
+            resp = self.session.request(method, url, **kwargs)
+        except requests.RequestException as exc:
+            raise NetworkError(f"cannot reach the gswarm API at {self.base_url}: {type(exc).__name__}") from exc
+        if resp.status_code == 204:
+            return None
+        try:
+            body = resp.json()
+        except ValueError:
+            body = {}
+        if resp.status_code >= 400 and not (path.startswith("health") and "status" in body):
+            raise ApiError(resp.status_code, body if isinstance(body, dict) else {})
+        return body
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def post(self, path: str, json: Any = None) -> Any:
+        return self.request("POST", path, json=json)
+
+    def delete(self, path: str, **params: Any) -> Any:
+        return self.request("DELETE", path, params=params)

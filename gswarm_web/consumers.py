@@ -1,0 +1,149 @@
+"""Control-side consumers of Redis streams, run as threads inside the control worker."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from celery import bootsteps
+
+from gswarm_tasks import defaults
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[list[tuple[Any, dict[Any, Any]]]], Any]
+
+
+class StreamConsumer:
+    """Reads one stream through a consumer group in batches, hands each batch to `handler`, then acks it.
+
+    Entries a dead consumer left pending are claimed after `claim_idle_ms`, so a control worker killed
+    mid-batch loses nothing. A failing handler is retried after a pause; the entries stay pending.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        stream: str,
+        group: str,
+        handler: Handler,
+        consumer: str | None = None,
+        batch: int = 1000,
+        block_ms: int = 1000,
+        claim_idle_ms: int = 30_000,
+    ) -> None:
+        self.client = client
+        self.stream = stream
+        self.group = group
+        self.handler = handler
+        self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}"
+        self.batch = batch
+        self.block_ms = block_ms
+        self.claim_idle_ms = claim_idle_ms
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.processed = 0
+
+    def ensure_group(self) -> None:
+        try:
+            self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def _claim_stale(self) -> list[tuple[Any, dict[Any, Any]]]:
+        res = self.client.xautoclaim(
+            self.stream, self.group, self.consumer, min_idle_time=self.claim_idle_ms, start_id="0-0", count=self.batch
+        )
+        return [(eid, fields) for eid, fields in res[1] if fields is not None]
+
+    def poll_once(self, block_ms: int | None = None) -> int:
+        """Claim stale entries or read new ones, handle them, ack them; returns how many were handled."""
+        entries = self._claim_stale()
+        if not entries:
+            res = self.client.xreadgroup(
+                self.group, self.consumer, {self.stream: ">"}, count=self.batch,
+                block=self.block_ms if block_ms is None else block_ms,
+            )
+            entries = res[0][1] if res else []
+        if not entries:
+            return 0
+        self.handler(entries)
+        self.client.xack(self.stream, self.group, *[eid for eid, _ in entries])
+        self.processed += len(entries)
+        return len(entries)
+
+    def run(self) -> None:
+        failing = False
+        while not self._stop.is_set():
+            try:
+                self.client.hset(defaults.CONTROL_ALIVE_KEY, self.consumer, time.time())
+                if failing:
+                    self.ensure_group()
+                self.poll_once()
+                failing = False
+            except Exception as exc:  # keep consuming through Redis or database outages
+                if not failing:
+                    log.warning("consumer of %s failing, will retry: %s", self.stream, exc)
+                failing = True
+                self._stop.wait(1.0)
+
+    def start(self) -> None:
+        self.ensure_group()
+        self._thread = threading.Thread(target=self.run, name=f"gswarm-consumer-{self.stream}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.block_ms / 1000 + 5)
+        try:
+            self.client.hdel(defaults.CONTROL_ALIVE_KEY, self.consumer)
+        except redis.RedisError:
+            pass
+
+
+def heartbeat_consumer(flask_app: Any, redis_url: str) -> StreamConsumer:
+    from .registry import apply_heartbeats
+
+    def handle(entries: list[tuple[Any, dict[Any, Any]]]) -> None:
+        with flask_app.app_context():
+            apply_heartbeats(entries)
+
+    client = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
+    return StreamConsumer(client, defaults.HEARTBEAT_STREAM, defaults.HEARTBEAT_GROUP, handle)
+
+
+class ControlConsumersStep(bootsteps.StartStopStep):
+    """Worker bootstep: on a worker that consumes `control`, run the stream consumers in its main process."""
+
+    requires = {"celery.worker.components:Pool"}
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.consumers: list[StreamConsumer] = []
+
+    def start(self, worker: Any) -> None:
+        queues = worker.app.amqp.queues.consume_from or worker.app.amqp.queues
+        if defaults.CONTROL_QUEUE not in queues:
+            return
+        from .celery_app import flask_app
+        from gswarm_tasks.celery_app import settings_of
+
+        settings = settings_of(worker.app)
+        self.consumers = [heartbeat_consumer(flask_app, settings.effective_redis_url)]
+        for c in self.consumers:
+            c.consumer = f"{worker.hostname}-{os.getpid()}"
+            c.start()
+        log.info("control consumers started: %s", ", ".join(c.stream for c in self.consumers))
+
+    def stop(self, worker: Any) -> None:
+        for c in self.consumers:
+            c.stop()
+        self.consumers = []

@@ -1,0 +1,28 @@
+"""Control tasks: bookkeeping that only the control worker (which alone holds database access) runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Task
+
+from gswarm_tasks.celery_app import GswarmTask, app, settings_of
+
+
+class ControlTask(GswarmTask):
+    """Runs inside the Flask app context so tasks use the same models and session as the API."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from .celery_app import flask_app
+
+        with flask_app.app_context():
+            return Task.__call__(self, *args, **kwargs)
+
+
+@app.task(name="gswarm.control.sweep_nodes", base=ControlTask)
+def sweep_nodes() -> list[list[str]]:
+    """Record node status changes (healthy -> unhealthy -> offline) and log each one."""
+    from .registry import sweep
+
+    settings = settings_of(app)
+    return [list(c) for c in sweep(settings.heartbeat_timeout_s, settings.offline_after_s)]

@@ -1,0 +1,148 @@
+"""The one error shape of the API, request ids, and the handlers that produce both."""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import marshmallow as ma
+from flask import Flask, Response, g, jsonify, request
+from flask_smorest import Api
+from werkzeug.exceptions import HTTPException
+
+from gswarm_tasks.errors import ERROR_CODES, GswarmError
+
+log = logging.getLogger(__name__)
+
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_STATUS_CODES = {
+    400: "INVALID_REQUEST",
+    401: "UNAUTHORIZED",
+    403: "FORBIDDEN",
+    404: "NOT_FOUND",
+    405: "INVALID_REQUEST",
+    409: "CONFLICT",
+    413: "INVALID_REQUEST",
+    415: "INVALID_REQUEST",
+    422: "INVALID_REQUEST",
+}
+
+
+class ErrorBodySchema(ma.Schema):
+    code = ma.fields.String(required=True, metadata={"enum": list(ERROR_CODES)})
+    message = ma.fields.String(required=True)
+    details = ma.fields.Dict(required=True)
+    timestamp = ma.fields.DateTime(required=True, metadata={"description": "UTC, ISO 8601"})
+    request_id = ma.fields.String(required=True)
+
+
+class ErrorSchema(ma.Schema):
+    """Every error response: `{"error": {code, message, details, timestamp, request_id}}`."""
+
+    error = ma.fields.Nested(ErrorBodySchema, required=True)
+
+
+def request_id() -> str:
+    rid = getattr(g, "request_id", None)
+    if rid is None:
+        given = request.headers.get("X-Request-ID", "")
+        rid = given if _REQUEST_ID_RE.match(given) else f"req-{uuid.uuid4().hex[:20]}"
+        g.request_id = rid
+    return str(rid)
+
+
+def error_response(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> Response:
+    body = {
+        "error": {
+            "code": code,
+            "message": message,
+            "details": details or {},
+            "timestamp": datetime.now(UTC).isoformat(),
+            "request_id": request_id(),
+        }
+    }
+    resp = jsonify(body)
+    resp.status_code = status
+    return resp
+
+
+def _flatten(messages: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """`{"json": {"a": {"b": ["bad"]}}}` -> [("a.b", "bad")]; the location level is dropped."""
+    out: list[tuple[str, str]] = []
+    if isinstance(messages, dict):
+        for key, val in messages.items():
+            if not prefix and key in ("json", "query", "form", "files", "headers", "view_args", "path"):
+                out.extend(_flatten(val, ""))
+            else:
+                out.extend(_flatten(val, f"{prefix}.{key}" if prefix else str(key)))
+    elif isinstance(messages, list):
+        if all(isinstance(m, str) for m in messages):
+            out.extend((prefix or "_schema", m) for m in messages)
+        else:
+            for m in messages:
+                out.extend(_flatten(m, prefix))
+    else:
+        out.append((prefix or "_schema", str(messages)))
+    return out
+
+
+class GswarmApi(Api):
+    """flask-smorest's Api with gswarm's error shape for every HTTP error."""
+
+    ERROR_SCHEMA = ErrorSchema
+
+    def handle_http_exception(self, error: HTTPException) -> Response:  # type: ignore[override]
+        status = error.code or 500
+        data = getattr(error, "data", None) or {}
+        if status == 422 and "messages" in data:
+            pairs = _flatten(data["messages"])
+            fields = sorted({f for f, _ in pairs})
+            text = "; ".join(f"{f}: {m}" for f, m in pairs)
+            resp = error_response(422, "INVALID_REQUEST", f"invalid request: {text}", {"fields": dict(_group(pairs))})
+            if fields:
+                resp.headers["X-Invalid-Fields"] = ",".join(fields)[:512]
+            return resp
+        if status >= 500:
+            return error_response(status, "INTERNAL", "internal error; see the server log", {})
+        message = data.get("message") or error.description or error.name
+        details: dict[str, Any] = {}
+        if status == 405:
+            details["allowed_methods"] = sorted(getattr(error, "valid_methods", None) or [])
+            message = f"method {request.method} is not allowed on {request.path}"
+        if status == 404 and not data.get("message"):
+            message = f"no such resource: {request.path}"
+        resp = error_response(status, _STATUS_CODES.get(status, "INVALID_REQUEST"), message, details)
+        for key, val in (error.get_headers() if hasattr(error, "get_headers") else []):
+            if key.lower() in ("allow", "www-authenticate", "retry-after"):
+                resp.headers[key] = val
+        return resp
+
+
+def _group(pairs: list[tuple[str, str]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for f, m in pairs:
+        out.setdefault(f, []).append(m)
+    return out
+
+
+def register_error_handlers(app: Flask) -> None:
+    @app.errorhandler(GswarmError)
+    def _gswarm_error(exc: GswarmError) -> Response:
+        if exc.status >= 500 and exc.code == "INTERNAL":
+            log.exception("internal error", exc_info=exc)
+        return error_response(exc.status, exc.code, exc.message, exc.details)
+
+    @app.errorhandler(Exception)
+    def _unhandled(exc: Exception) -> Response:
+        if isinstance(exc, HTTPException):
+            return app.extensions["gswarm_api"].handle_http_exception(exc)  # type: ignore[no-any-return]
+        log.exception("unhandled error on %s %s [%s]", request.method, request.path, request_id())
+        return error_response(500, "INTERNAL", "internal error; see the server log", {})
+
+    @app.after_request
+    def _add_request_id(resp: Response) -> Response:
+        resp.headers["X-Request-ID"] = request_id()
+        return resp

@@ -1,0 +1,92 @@
+"""SQLAlchemy models of the control plane's state."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, TypeDecorator
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from .extensions import db
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every backend (SQLite keeps none of its own)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Node(db.Model):  # type: ignore[name-defined,misc]
+    """A host running a node worker; one row per node name, written from its heartbeats."""
+
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    hostname: Mapped[str | None] = mapped_column(String(255))
+    address: Mapped[str | None] = mapped_column(String(255))
+    worker: Mapped[str | None] = mapped_column(String(255))
+    version: Mapped[str | None] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), default="up")
+    cpu_count: Mapped[int | None] = mapped_column(Integer)
+    cpu_percent: Mapped[float | None] = mapped_column(Float)
+    dram_total_bytes: Mapped[int | None] = mapped_column(db.BigInteger)
+    dram_available_bytes: Mapped[int | None] = mapped_column(db.BigInteger)
+    storage: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    gpu_metrics: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    gpu_fingerprint: Mapped[str | None] = mapped_column(String(64))
+    file_port: Mapped[int | None] = mapped_column(Integer)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    first_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    status_recorded: Mapped[str] = mapped_column(String(16), default="healthy")
+
+    gpus: Mapped[list[NodeGpu]] = relationship(
+        back_populates="node", cascade="all, delete-orphan", order_by="NodeGpu.index", lazy="selectin"
+    )
+
+
+class NodeGpu(db.Model):  # type: ignore[name-defined,misc]
+    """A GPU of a node as NVML names it; live numbers stay in `Node.gpu_metrics`."""
+
+    __tablename__ = "node_gpus"
+
+    node_name: Mapped[str] = mapped_column(ForeignKey("nodes.name", ondelete="CASCADE"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uuid: Mapped[str | None] = mapped_column(String(64))
+    name: Mapped[str | None] = mapped_column(String(128))
+    memory_total_bytes: Mapped[int | None] = mapped_column(db.BigInteger)
+
+    node: Mapped[Node] = relationship(back_populates="gpus")
+
+
+class ApiToken(db.Model):  # type: ignore[name-defined,misc]
+    """A bearer token; only its sha256 is kept."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

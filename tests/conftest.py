@@ -1,0 +1,72 @@
+"""Fixtures shared by unit and integration tests: settings in a temporary home, the app, tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from gswarm_tasks.settings import Settings, load_settings
+
+
+def make_settings(home: Path, **env: str) -> Settings:
+    base = {"GSWARM_HOME": str(home), "GSWARM_CONFIG": ""}
+    base.update(env)
+    return load_settings(base)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    h = tmp_path / "home"
+    h.mkdir()
+    return h
+
+
+@pytest.fixture
+def settings(home: Path) -> Settings:
+    return make_settings(home, GSWARM_REDIS_URL="redis://127.0.0.1:1/0")
+
+
+def build_app(settings: Settings) -> Flask:
+    from gswarm_web import create_app
+    from gswarm_web.migrate import upgrade
+
+    upgrade(settings.effective_database_url)
+    return create_app(settings)
+
+
+@pytest.fixture
+def app(settings: Settings) -> Iterator[Flask]:
+    app = build_app(settings)
+    with app.app_context():
+        yield app
+        from gswarm_web.extensions import db
+
+        db.session.remove()
+        db.engine.dispose()
+
+
+@pytest.fixture
+def client(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+@pytest.fixture
+def admin_token(app: Flask) -> str:
+    from gswarm_web.auth import create_token
+
+    return create_token("test-admin", "admin")
+
+
+@pytest.fixture
+def read_token(app: Flask) -> str:
+    from gswarm_web.auth import create_token
+
+    return create_token("test-reader", "read-only")
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}

@@ -1,0 +1,122 @@
+"""The error shape of every error, and bearer-token auth (SQLite app, no broker needed)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from flask import Flask
+from flask.testing import FlaskClient
+
+from tests.conftest import bearer
+
+
+def assert_error_shape(body: dict[str, Any], code: str) -> dict[str, Any]:
+    assert set(body) == {"error"}
+    err = body["error"]
+    assert set(err) == {"code", "message", "details", "timestamp", "request_id"}
+    assert err["code"] == code
+    assert isinstance(err["message"], str) and err["message"]
+    assert isinstance(err["details"], dict)
+    assert datetime.fromisoformat(err["timestamp"]).utcoffset().total_seconds() == 0
+    assert err["request_id"]
+    return err
+
+
+def test_no_token_is_401(client: FlaskClient) -> None:
+    r = client.get("/api/v1/nodes")
+    assert r.status_code == 401
+    assert_error_shape(r.json, "UNAUTHORIZED")
+
+
+def test_wrong_token_is_401(client: FlaskClient, admin_token: str) -> None:
+    r = client.get("/api/v1/nodes", headers=bearer(admin_token + "x"))
+    assert r.status_code == 401
+    assert_error_shape(r.json, "UNAUTHORIZED")
+
+
+def test_read_only_token_reads_but_cannot_write(client: FlaskClient, read_token: str) -> None:
+    assert client.get("/api/v1/nodes", headers=bearer(read_token)).status_code == 200
+    r = client.post("/api/v1/tokens", json={"name": "x"}, headers=bearer(read_token))
+    assert r.status_code == 403
+    assert_error_shape(r.json, "FORBIDDEN")
+
+
+def test_admin_token_writes(client: FlaskClient, admin_token: str) -> None:
+    r = client.post("/api/v1/tokens", json={"name": "ci", "role": "read-only"}, headers=bearer(admin_token))
+    assert r.status_code == 201
+    new = r.json["token"]
+    assert client.get("/api/v1/nodes", headers=bearer(new)).status_code == 200
+    # A revoked token stops working.
+    assert client.delete(f"/api/v1/tokens/{new[:10]}", headers=bearer(admin_token)).status_code == 204
+    assert client.get("/api/v1/nodes", headers=bearer(new)).status_code == 401
+
+
+def test_fixed_admin_token_from_settings(settings: Any) -> None:
+    from tests.conftest import build_app
+
+    app = build_app(settings)
+    app.config["GSWARM_ADMIN_TOKEN"] = "fixed-secret-token"
+    with app.app_context():
+        c = app.test_client()
+        assert c.get("/api/v1/nodes", headers=bearer("fixed-secret-token")).status_code == 200
+        assert c.get("/api/v1/nodes", headers=bearer("fixed-secret-tokeN")).status_code == 401
+
+
+def test_404_shape(client: FlaskClient, admin_token: str) -> None:
+    r = client.get("/api/v1/no-such-thing", headers=bearer(admin_token))
+    assert r.status_code == 404
+    assert_error_shape(r.json, "NOT_FOUND")
+    r = client.get("/api/v1/nodes/ghost", headers=bearer(admin_token))
+    assert r.status_code == 404
+    assert "ghost" in assert_error_shape(r.json, "NOT_FOUND")["message"]
+
+
+def test_405_shape(client: FlaskClient, admin_token: str) -> None:
+    r = client.put("/api/v1/nodes", headers=bearer(admin_token))
+    assert r.status_code == 405
+    err = assert_error_shape(r.json, "INVALID_REQUEST")
+    assert "GET" in err["details"]["allowed_methods"]
+
+
+def test_422_names_the_field(client: FlaskClient, admin_token: str) -> None:
+    r = client.get("/api/v1/nodes?page=0", headers=bearer(admin_token))
+    assert r.status_code == 422
+    err = assert_error_shape(r.json, "INVALID_REQUEST")
+    assert "page" in err["details"]["fields"] and "page" in err["message"]
+    r = client.post("/api/v1/tokens", json={"role": "root"}, headers=bearer(admin_token))
+    assert r.status_code == 422
+    err = assert_error_shape(r.json, "INVALID_REQUEST")
+    assert set(err["details"]["fields"]) == {"name", "role"}
+
+
+def test_bad_node_name_in_path_is_422(client: FlaskClient, admin_token: str) -> None:
+    r = client.get("/api/v1/nodes/Bad_Name", headers=bearer(admin_token))
+    assert r.status_code == 422
+    assert_error_shape(r.json, "INVALID_REQUEST")
+
+
+def test_500_has_the_shape_and_no_stack_trace(app: Flask, admin_token: str) -> None:
+    def boom() -> str:
+        raise RuntimeError("secret internals at /srv/x.py line 3")
+
+    app.add_url_rule("/api/v1/_boom", "boom", boom)
+    r = app.test_client().get("/api/v1/_boom", headers=bearer(admin_token))
+    assert r.status_code == 500
+    err = assert_error_shape(r.json, "INTERNAL")
+    text = r.get_data(as_text=True)
+    assert "Traceback" not in text and "secret internals" not in text
+
+
+def test_request_id_is_echoed(client: FlaskClient) -> None:
+    r = client.get("/api/v1/nodes", headers={"X-Request-ID": "abc-123"})
+    assert r.headers["X-Request-ID"] == "abc-123"
+    assert r.json["error"]["request_id"] == "abc-123"
+
+
+def test_openapi_and_docs_are_public_and_document_errors(client: FlaskClient) -> None:
+    spec = client.get("/api/v1/openapi.json").json
+    assert "/api/v1/nodes" in spec["paths"]
+    assert "Error" in spec["components"]["schemas"]
+    assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert client.get("/api/v1/docs").status_code == 200
