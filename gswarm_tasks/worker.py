@@ -68,6 +68,11 @@ def _on_setup(sender: str, instance: Any, **_: Any) -> None:
         worker=sender,
     )
     _node.storage_root.mkdir(parents=True, exist_ok=True)
+    try:  # the dram tier exists only where its tmpfs does; it is reported, never faked
+        if _node.dram_root.parent.parent.is_dir():
+            _node.dram_root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.warning("no dram tier at %s: %s", _node.dram_root, exc)
     log.info("node worker %s serves node %s (storage %s)", sender, name, _node.storage_root)
 
 

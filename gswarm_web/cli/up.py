@@ -21,7 +21,7 @@ from gswarm_tasks.settings import Settings, load_settings
 
 from .supervisor import ProcSpec, Supervisor
 
-console = Console()
+console = Console(soft_wrap=True)
 PY = sys.executable
 
 

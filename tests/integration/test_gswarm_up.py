@@ -1,0 +1,59 @@
+"""`gswarm up` on SQLite and an embedded Redis: healthy, its node registered, and nothing left after SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import psutil
+import requests
+
+from gswarm_web.cli.up import free_port
+from tests.integration.procs import Proc, wait_for
+
+
+def test_gswarm_up_comes_up_healthy_and_stops_clean(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    port, rport = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GSWARM_")}
+    env.update(GSWARM_HOME=str(home), GSWARM_HEARTBEAT_INTERVAL="1", PYTHONUNBUFFERED="1")
+    gswarm = str(Path(sys.executable).with_name("gswarm"))
+    up = Proc("up", [gswarm, "up", "--port", str(port), "--redis-port", str(rport), "--node", "upnode"], env,
+              tmp_path).start()
+    try:
+        api = f"http://127.0.0.1:{port}/api/v1"
+        wait_for(lambda: requests.get(f"{api}/health", timeout=2).json()["status"] == "healthy", 30,
+                 "gswarm up to be healthy")
+        token = (home / "token").read_text().strip()
+        assert oct((home / "token").stat().st_mode & 0o777) == "0o600"
+        auth = {"Authorization": f"Bearer {token}"}
+
+        def registered() -> dict | None:
+            r = requests.get(f"{api}/nodes/upnode", headers=auth, timeout=2)
+            return r.json() if r.status_code == 200 else None
+
+        node = wait_for(registered, 30, "upnode registered")
+        assert node["status"] == "healthy"
+        assert node["storage"]["disk"]["path"] == str(home / "storage" / "upnode")
+        assert (home / "gswarm.db").is_file() and (home / "logs" / "web.log").is_file()
+        up.wait_log("Press Ctrl-C to stop.", timeout=30)
+        out = up.log()
+        assert f"http://127.0.0.1:{port}/api/v1/docs" in out and f"redis://127.0.0.1:{rport}/0" in out
+        assert str(home / "token") in out
+        assert requests.get(f"{api}/nodes", timeout=2).status_code == 401
+
+        children = psutil.Process(up.pid).children(recursive=True)
+        names = " ".join(" ".join(c.cmdline()) for c in children)
+        for part in ("redis-server", "gunicorn", "gswarm_web.celery_app", "beat", "-Q upnode"):
+            assert part in names, part
+
+        os.kill(up.pid, signal.SIGTERM)
+        assert up.proc is not None
+        up.proc.wait(timeout=60)
+        assert up.proc.returncode == 0
+        alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        assert alive == [], [c.cmdline() for c in alive]
+    finally:
+        up.stop()
