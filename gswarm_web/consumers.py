@@ -37,6 +37,7 @@ class StreamConsumer:
         batch: int = 1000,
         block_ms: int = 1000,
         claim_idle_ms: int = 30_000,
+        min_interval_s: float = 0.0,
     ) -> None:
         self.client = client
         self.stream = stream
@@ -46,6 +47,8 @@ class StreamConsumer:
         self.batch = batch
         self.block_ms = block_ms
         self.claim_idle_ms = claim_idle_ms
+        # Waiting a little between batches turns many tiny transactions into few larger ones.
+        self.min_interval_s = min_interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.processed = 0
@@ -82,11 +85,13 @@ class StreamConsumer:
     def run(self) -> None:
         failing = False
         while not self._stop.is_set():
+            began = time.monotonic()
             try:
                 self.client.hset(defaults.CONTROL_ALIVE_KEY, self.consumer, time.time())
                 if failing:
                     self.ensure_group()
-                self.poll_once()
+                if self.poll_once() and self.min_interval_s:
+                    self._stop.wait(max(0.0, self.min_interval_s - (time.monotonic() - began)))
                 failing = False
             except Exception as exc:  # keep consuming through Redis or database outages
                 if not failing:
@@ -117,7 +122,7 @@ def heartbeat_consumer(flask_app: Any, redis_url: str) -> StreamConsumer:
             apply_heartbeats(entries)
 
     client = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
-    return StreamConsumer(client, defaults.HEARTBEAT_STREAM, defaults.HEARTBEAT_GROUP, handle)
+    return StreamConsumer(client, defaults.HEARTBEAT_STREAM, defaults.HEARTBEAT_GROUP, handle, min_interval_s=0.5)
 
 
 class ControlConsumersStep(bootsteps.StartStopStep):

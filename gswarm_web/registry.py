@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -72,6 +73,21 @@ def parse_heartbeats(entries: list[tuple[Any, dict[Any, Any]]]) -> dict[str, tup
     return latest
 
 
+@functools.cache
+def _upsert_statement(dialect: str) -> Any:
+    """One cached INSERT .. ON CONFLICT statement, executed with many rows (compiled once, not per batch)."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    table = Node.__table__
+    stmt = insert(table)
+    keep = ("name", "first_seen", "status_recorded")
+    # A redelivered old heartbeat must not move last_seen backwards.
+    return stmt.on_conflict_do_update(
+        index_elements=[table.c.name],
+        set_={c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keep},
+        where=table.c.last_seen <= stmt.excluded.last_seen,
+    )
+
+
 def _num(v: Any) -> int | float | None:
     return v if isinstance(v, int | float) and not isinstance(v, bool) else None
 
@@ -116,17 +132,10 @@ def apply_heartbeats(entries: list[tuple[Any, dict[Any, Any]]]) -> int:
                 "first_seen": seen,
                 "last_seen": seen,
                 "updated_at": now,
+                "status_recorded": "healthy",
             }
         )
-    dialect = db.session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    stmt = insert(Node).values(rows)
-    update_cols = {c: stmt.excluded[c] for c in rows[0] if c not in ("name", "first_seen")}
-    # A redelivered old heartbeat must not move last_seen backwards.
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[Node.name], set_=update_cols, where=Node.last_seen <= stmt.excluded.last_seen
-    )
-    db.session.execute(stmt)
+    db.session.execute(_upsert_statement(db.session.get_bind().dialect.name), rows)
     for name, gpus in gpu_changes.items():
         db.session.execute(db.delete(NodeGpu).where(NodeGpu.node_name == name))
         if gpus:
