@@ -71,13 +71,38 @@ def main() -> int:
     try:
         upgrade(db_url)
         env = {k: v for k, v in os.environ.items() if not k.startswith("GSWARM_")}
-        env.update(GSWARM_HOME=str(home), GSWARM_CONFIG="", GSWARM_REDIS_URL=args.redis,
-                   GSWARM_DATABASE_URL=db_url, GSWARM_LOG_LEVEL="WARNING")
+        env.update(
+            GSWARM_HOME=str(home),
+            GSWARM_CONFIG="",
+            GSWARM_REDIS_URL=args.redis,
+            GSWARM_DATABASE_URL=db_url,
+            GSWARM_LOG_LEVEL="WARNING",
+        )
         log = open(home / "control.log", "wb")  # noqa: SIM115
         worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "gswarm_web.celery_app", "worker", "-Q", "control", "-n",
-             "control@%h", "-c", "1", "--loglevel", "INFO", "--without-mingle", "--without-gossip"],
-            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "gswarm_web.celery_app",
+                "worker",
+                "-Q",
+                "control",
+                "-n",
+                "control@%h",
+                "-c",
+                "1",
+                "--loglevel",
+                "INFO",
+                "--without-mingle",
+                "--without-gossip",
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + 60
         while b"ready." not in (home / "control.log").read_bytes():
@@ -111,8 +136,12 @@ def main() -> int:
             pipe = r.pipeline(transaction=False)
             while next_idx < due:
                 body = bodies[next_idx % args.nodes]
-                pipe.xadd(defaults.HEARTBEAT_STREAM, {"node": f"sim-{next_idx % args.nodes:04d}", "data": body},
-                          maxlen=defaults.HEARTBEAT_STREAM_MAXLEN, approximate=True)
+                pipe.xadd(
+                    defaults.HEARTBEAT_STREAM,
+                    {"node": f"sim-{next_idx % args.nodes:04d}", "data": body},
+                    maxlen=defaults.HEARTBEAT_STREAM_MAXLEN,
+                    approximate=True,
+                )
                 next_idx += 1
                 sent += 1
             pipe.execute()
@@ -144,8 +173,11 @@ def main() -> int:
         }
         print(json.dumps(result, indent=2))
         ok = share < 10 and pct(lags, 99) < 2
-        print("PASS" if ok else "MISS", f"cpu {share:.2f}% (goal < 10%), p99 lag {pct(lags, 99):.3f} s (goal < 2 s),",
-              f"median lag {statistics.median(lags) if lags else float('nan'):.3f} s")
+        print(
+            "PASS" if ok else "MISS",
+            f"cpu {share:.2f}% (goal < 10%), p99 lag {pct(lags, 99):.3f} s (goal < 2 s),",
+            f"median lag {statistics.median(lags) if lags else float('nan'):.3f} s",
+        )
         pg.close()
         return 0
     finally:

@@ -51,7 +51,9 @@ class NodeTask(GswarmTask):
 
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any) -> Any:
         if not (options.get("queue") or options.get("routing_key")) and not self.app.conf.task_always_eager:
-            raise InvalidRequest(f"{self.name} runs on a node: send it with send_to_node(node, ...)", {"task": self.name})
+            raise InvalidRequest(
+                f"{self.name} runs on a node: send it with send_to_node(node, ...)", {"task": self.name}
+            )
         return super().apply_async(args, kwargs, task_id, **options)
 
 
@@ -122,21 +124,21 @@ def make_celery(settings: Settings | None = None) -> Celery:
     settings = settings or load_settings()
     app = Celery("gswarm", task_cls=GswarmTask)
     app.conf.update(celery_config(settings))
-    app.gswarm_settings = settings  # type: ignore[attr-defined]
+    app.gswarm_settings = settings
     return app
 
 
 def configure(app: Celery, settings: Settings) -> None:
     """Re-point an existing app at other settings (tests and `gswarm up` use this)."""
     app.conf.update(celery_config(settings))
-    app.gswarm_settings = settings  # type: ignore[attr-defined]
+    app.gswarm_settings = settings
 
 
 def settings_of(app: Celery) -> Settings:
     settings: Settings | None = getattr(app, "gswarm_settings", None)
     if settings is None:
         settings = load_settings()
-        app.gswarm_settings = settings  # type: ignore[attr-defined]
+        app.gswarm_settings = settings
     return settings
 
 

@@ -81,12 +81,7 @@ class Device:
 
 def safe_name(name: str, field: str = "name") -> str:
     """Return `name` if it can be one path component under a storage root, else raise."""
-    if (
-        not isinstance(name, str)
-        or not STORAGE_NAME_RE.match(name)
-        or name in (".", "..")
-        or ".." in name
-    ):
+    if not isinstance(name, str) or not STORAGE_NAME_RE.match(name) or name in (".", "..") or ".." in name:
         raise InvalidRequest(
             f"{field}: {name!r} cannot be used as a storage name (letters, digits and ._@+=- only; no '..' or '/')",
             {"field": field, "value": name},

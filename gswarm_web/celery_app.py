@@ -9,8 +9,10 @@ from celery.signals import worker_process_init
 from gswarm_tasks import app as celery
 from gswarm_tasks.celery_app import settings_of
 
-from . import control_tasks  # noqa: F401  (registers control tasks)
-from . import create_app
+from . import (
+    control_tasks,  # noqa: F401  (registers control tasks)
+    create_app,
+)
 from .consumers import ControlConsumersStep
 
 flask_app = create_app(settings_of(celery))

@@ -61,7 +61,7 @@ class StreamConsumer:
                 raise
 
     def _claim_stale(self) -> list[tuple[Any, dict[Any, Any]]]:
-        res = self.client.xautoclaim(
+        res: Any = self.client.xautoclaim(
             self.stream, self.group, self.consumer, min_idle_time=self.claim_idle_ms, start_id="0-0", count=self.batch
         )
         return [(eid, fields) for eid, fields in res[1] if fields is not None]
@@ -70,8 +70,11 @@ class StreamConsumer:
         """Claim stale entries or read new ones, handle them, ack them; returns how many were handled."""
         entries = self._claim_stale()
         if not entries:
-            res = self.client.xreadgroup(
-                self.group, self.consumer, {self.stream: ">"}, count=self.batch,
+            res: Any = self.client.xreadgroup(
+                self.group,
+                self.consumer,
+                {self.stream: ">"},
+                count=self.batch,
                 block=self.block_ms if block_ms is None else block_ms,
             )
             entries = res[0][1] if res else []
@@ -138,8 +141,9 @@ class ControlConsumersStep(bootsteps.StartStopStep):
         queues = worker.app.amqp.queues.consume_from or worker.app.amqp.queues
         if defaults.CONTROL_QUEUE not in queues:
             return
-        from .celery_app import flask_app
         from gswarm_tasks.celery_app import settings_of
+
+        from .celery_app import flask_app
 
         settings = settings_of(worker.app)
         self.consumers = [heartbeat_consumer(flask_app, settings.effective_redis_url)]

@@ -94,7 +94,7 @@ class GswarmApi(Api):
 
     ERROR_SCHEMA = ErrorSchema
 
-    def handle_http_exception(self, error: HTTPException) -> Response:  # type: ignore[override]
+    def handle_http_exception(self, error: HTTPException) -> Response:
         status = error.code or 500
         data = getattr(error, "data", None) or {}
         if status == 422 and "messages" in data:
@@ -115,7 +115,7 @@ class GswarmApi(Api):
         if status == 404 and not data.get("message"):
             message = f"no such resource: {request.path}"
         resp = error_response(status, _STATUS_CODES.get(status, "INVALID_REQUEST"), message, details)
-        for key, val in (error.get_headers() if hasattr(error, "get_headers") else []):
+        for key, val in error.get_headers() if hasattr(error, "get_headers") else []:
             if key.lower() in ("allow", "www-authenticate", "retry-after"):
                 resp.headers[key] = val
         return resp
@@ -138,7 +138,7 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(Exception)
     def _unhandled(exc: Exception) -> Response:
         if isinstance(exc, HTTPException):
-            return app.extensions["gswarm_api"].handle_http_exception(exc)  # type: ignore[no-any-return]
+            return app.extensions["gswarm_api"].handle_http_exception(exc)
         log.exception("unhandled error on %s %s [%s]", request.method, request.path, request_id())
         return error_response(500, "INTERNAL", "internal error; see the server log", {})
 

@@ -50,7 +50,7 @@ def health_report() -> tuple[dict[str, Any], int]:
     if broker["ok"]:
         now = time.time()
         try:
-            seen = redis_client().hgetall(defaults.CONTROL_ALIVE_KEY)
+            seen: dict[bytes, bytes] = redis_client().hgetall(defaults.CONTROL_ALIVE_KEY)  # type: ignore[assignment]
             control = sorted(k.decode() for k, v in seen.items() if now - float(v) < CONTROL_ALIVE_S)
         except redis.RedisError:
             pass

@@ -34,7 +34,7 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-class Node(db.Model):  # type: ignore[name-defined,misc]
+class Node(db.Model):  # type: ignore[name-defined]
     """A host running a node worker; one row per node name, written from its heartbeats."""
 
     __tablename__ = "nodes"
@@ -64,7 +64,7 @@ class Node(db.Model):  # type: ignore[name-defined,misc]
     )
 
 
-class NodeGpu(db.Model):  # type: ignore[name-defined,misc]
+class NodeGpu(db.Model):  # type: ignore[name-defined]
     """A GPU of a node as NVML names it; live numbers stay in `Node.gpu_metrics`."""
 
     __tablename__ = "node_gpus"
@@ -78,7 +78,7 @@ class NodeGpu(db.Model):  # type: ignore[name-defined,misc]
     node: Mapped[Node] = relationship(back_populates="gpus")
 
 
-class ApiToken(db.Model):  # type: ignore[name-defined,misc]
+class ApiToken(db.Model):  # type: ignore[name-defined]
     """A bearer token; only its sha256 is kept."""
 
     __tablename__ = "api_tokens"

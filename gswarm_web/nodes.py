@@ -105,7 +105,7 @@ class NodeByName(MethodView):
         db.session.commit()
 
 
-def _usage(entry: dict[str, Any] | None) -> dict[str, int] | None:
+def _usage(entry: dict[str, Any] | None) -> dict[str, Any] | None:
     if not entry:
         return None
     return {"total": entry.get("total_bytes"), "used": entry.get("used_bytes"), "available": entry.get("free_bytes")}

@@ -60,7 +60,7 @@ def parse_heartbeats(entries: list[tuple[Any, dict[Any, Any]]]) -> dict[str, tup
     for entry_id, fields in entries:
         try:
             raw = fields.get(b"data", fields.get("data"))
-            data = json.loads(raw)
+            data = json.loads(raw)  # type: ignore[arg-type]
             name = data["node"]
             if not isinstance(name, str) or not NODE_NAME_RE.match(name) or name in RESERVED_NODE_NAMES:
                 raise ValueError(f"bad node name {name!r}")
@@ -104,7 +104,7 @@ def apply_heartbeats(entries: list[tuple[Any, dict[Any, Any]]]) -> int:
             db.select(Node.name, Node.gpu_fingerprint).where(Node.name.in_(list(latest)))
         )
     }
-    rows = []
+    rows: list[dict[str, Any]] = []
     gpu_changes: dict[str, list[dict[str, Any]]] = {}
     for name, (seen, data) in latest.items():
         gpus = [g for g in data.get("gpus") or [] if isinstance(g, dict) and isinstance(g.get("index"), int)]

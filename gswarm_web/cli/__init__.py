@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 from rich.console import Console
-from sqlalchemy.exc import SQLAlchemyError
 from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
 
 from gswarm_tasks.errors import GswarmError
 from gswarm_tasks.settings import load_settings

@@ -14,7 +14,7 @@ class ApiError(GswarmError):
     """An error the server answered with; carries its code and message."""
 
     def __init__(self, status: int, body: dict[str, Any]) -> None:
-        err = body.get("error") if isinstance(body.get("error"), dict) else {}
+        err: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else {}
         super().__init__(str(err.get("message") or f"HTTP {status}"), err.get("details") or {})
         self.code = str(err.get("code") or "INTERNAL")
         self.status = status

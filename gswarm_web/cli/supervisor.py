@@ -49,7 +49,11 @@ class Supervisor:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         logf = open(spec.log_path, "ab")  # noqa: SIM115  (closed in stop())
         proc = subprocess.Popen(
-            spec.argv, env=spec.env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            spec.argv,
+            env=spec.env,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         self.running.append(_Running(spec, proc, logf, time.monotonic()))
@@ -84,7 +88,11 @@ class Supervisor:
             r.log.close()
             logf = open(r.spec.log_path, "ab")  # noqa: SIM115
             r.proc = subprocess.Popen(
-                r.spec.argv, env=r.spec.env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                r.spec.argv,
+                env=r.spec.env,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
             r.log = logf

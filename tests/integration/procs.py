@@ -26,8 +26,9 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float
         except Exception as exc:  # the condition may fail until the system is up
             last_exc = exc
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}" + (f" (last error: {last_exc!r})"
-                                                                                  if last_exc else ""))
+    raise AssertionError(
+        f"timed out after {timeout:.0f} s waiting for {what}" + (f" (last error: {last_exc!r})" if last_exc else "")
+    )
 
 
 class Proc:
@@ -43,8 +44,15 @@ class Proc:
     def start(self) -> Proc:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         return self
 
     @property
@@ -89,8 +97,32 @@ class Proc:
         self._log.close()
 
 
-def celery_worker(app_module: str, queue: str, name: str, env: dict[str, str], log_dir: Path,
-                  concurrency: int = 2, extra: list[str] | None = None) -> Proc:
-    argv = [sys.executable, "-m", "celery", "-A", app_module, "worker", "-Q", queue, "-n", f"{name}@%h",
-            "-c", str(concurrency), "--loglevel", "INFO", "--without-mingle", "--without-gossip", *(extra or [])]
+def celery_worker(
+    app_module: str,
+    queue: str,
+    name: str,
+    env: dict[str, str],
+    log_dir: Path,
+    concurrency: int = 2,
+    extra: list[str] | None = None,
+) -> Proc:
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        app_module,
+        "worker",
+        "-Q",
+        queue,
+        "-n",
+        f"{name}@%h",
+        "-c",
+        str(concurrency),
+        "--loglevel",
+        "INFO",
+        "--without-mingle",
+        "--without-gossip",
+        *(extra or []),
+    ]
     return Proc(f"worker-{name}", argv, env, log_dir)

@@ -20,12 +20,16 @@ def test_gswarm_up_comes_up_healthy_and_stops_clean(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GSWARM_")}
     env.update(GSWARM_HOME=str(home), GSWARM_HEARTBEAT_INTERVAL="1", PYTHONUNBUFFERED="1")
     gswarm = str(Path(sys.executable).with_name("gswarm"))
-    up = Proc("up", [gswarm, "up", "--port", str(port), "--redis-port", str(rport), "--node", "upnode"], env,
-              tmp_path).start()
+    up = Proc(
+        "up", [gswarm, "up", "--port", str(port), "--redis-port", str(rport), "--node", "upnode"], env, tmp_path
+    ).start()
     try:
         api = f"http://127.0.0.1:{port}/api/v1"
-        wait_for(lambda: requests.get(f"{api}/health", timeout=2).json()["status"] == "healthy", 30,
-                 "gswarm up to be healthy")
+        wait_for(
+            lambda: requests.get(f"{api}/health", timeout=2).json()["status"] == "healthy",
+            30,
+            "gswarm up to be healthy",
+        )
         token = (home / "token").read_text().strip()
         assert oct((home / "token").stat().st_mode & 0o777) == "0o600"
         auth = {"Authorization": f"Bearer {token}"}

@@ -103,7 +103,7 @@ def test_500_has_the_shape_and_no_stack_trace(app: Flask, admin_token: str) -> N
     app.add_url_rule("/api/v1/_boom", "boom", boom)
     r = app.test_client().get("/api/v1/_boom", headers=bearer(admin_token))
     assert r.status_code == 500
-    err = assert_error_shape(r.json, "INTERNAL")
+    assert_error_shape(r.json, "INTERNAL")
     text = r.get_data(as_text=True)
     assert "Traceback" not in text and "secret internals" not in text
 

@@ -34,6 +34,11 @@ def test_compose_file_validates() -> None:
         # `make test` installs docker-compose where it can; without it the structural test above still runs.
         assert services()
         return
-    proc = subprocess.run([tool, "-f", str(ROOT / "docker-compose.yml"), "config", "-q"], capture_output=True,
-                          text=True, cwd=ROOT, env={"PATH": "/usr/bin:/bin", "GSWARM_ADMIN_TOKEN": "x"})
+    proc = subprocess.run(
+        [tool, "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "GSWARM_ADMIN_TOKEN": "x"},
+    )
     assert proc.returncode == 0, proc.stderr

@@ -33,8 +33,20 @@ def test_gpu_index_and_default_node() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "node1", "Node1:disk", "node1:tape", "node1:gpu", "node1:gpu01", "a:b:c:d", "node1:disk:x", ":disk",
-             "control:disk", "-x:disk"],
+    "text",
+    [
+        "",
+        "node1",
+        "Node1:disk",
+        "node1:tape",
+        "node1:gpu",
+        "node1:gpu01",
+        "a:b:c:d",
+        "node1:disk:x",
+        ":disk",
+        "control:disk",
+        "-x:disk",
+    ],
 )
 def test_parse_rejects_bad_devices_naming_the_field(text: str) -> None:
     with pytest.raises(InvalidRequest) as exc:

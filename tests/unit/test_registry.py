@@ -43,8 +43,11 @@ def test_heartbeat_creates_and_updates_a_node(app: Flask) -> None:
 
 
 def test_malformed_heartbeats_are_dropped(app: Flask) -> None:
-    bad = [(b"1-0", {b"data": b"not json"}), (b"2-0", {b"data": json.dumps({"node": "../x"}).encode()}),
-           (b"3-0", {b"data": json.dumps({"node": "control"}).encode()})]
+    bad = [
+        (b"1-0", {b"data": b"not json"}),
+        (b"2-0", {b"data": json.dumps({"node": "../x"}).encode()}),
+        (b"3-0", {b"data": json.dumps({"node": "control"}).encode()}),
+    ]
     assert apply_heartbeats(bad + [entry(now_ms(), "ok-node")]) == 1
     assert [n.name for n in db.session.scalars(db.select(Node))] == ["ok-node"]
 
@@ -63,8 +66,14 @@ def test_status_by_age_and_state() -> None:
 
 def test_nodes_api_filters_by_status(app: Flask, client: FlaskClient, admin_token: str) -> None:
     t = now_ms()
-    apply_heartbeats([entry(t, "fresh"), entry(t - 60_000, "stale"), entry(t - 600_000, "gone"),
-                      entry(t, "stopped-one", state="stopped")])
+    apply_heartbeats(
+        [
+            entry(t, "fresh"),
+            entry(t - 60_000, "stale"),
+            entry(t - 600_000, "gone"),
+            entry(t, "stopped-one", state="stopped"),
+        ]
+    )
     got = {}
     for status in ("healthy", "unhealthy", "offline"):
         r = client.get(f"/api/v1/nodes?status={status}", headers=bearer(admin_token))

@@ -45,8 +45,9 @@ def test_bad_values_name_the_variable(tmp_path: Path) -> None:
 
 def test_visibility_timeout_must_exceed_task_timeout(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
-        load_settings({"GSWARM_HOME": str(tmp_path), "GSWARM_QUEUE_TASK_TIMEOUT": "100",
-                       "GSWARM_QUEUE_VISIBILITY_TIMEOUT": "100"})
+        load_settings(
+            {"GSWARM_HOME": str(tmp_path), "GSWARM_QUEUE_TASK_TIMEOUT": "100", "GSWARM_QUEUE_VISIBILITY_TIMEOUT": "100"}
+        )
     assert "visibility_timeout" in exc.value.message
 
 
