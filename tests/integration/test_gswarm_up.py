@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,6 +49,19 @@ def test_gswarm_up_comes_up_healthy_and_stops_clean(tmp_path: Path) -> None:
         assert f"http://127.0.0.1:{port}/api/v1/docs" in out and f"redis://127.0.0.1:{rport}/0" in out
         assert str(home / "token") in out
         assert requests.get(f"{api}/nodes", timeout=2).status_code == 401
+
+        # The CLI reads the token from $GSWARM_HOME/token and talks to GSWARM_API_URL.
+        cli_env = {**env, "GSWARM_API_URL": f"http://127.0.0.1:{port}"}
+        out = subprocess.run([gswarm, "nodes", "--json"], env=cli_env, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert [n["name"] for n in json.loads(out.stdout)["nodes"]] == ["upnode"]
+        out = subprocess.run([gswarm, "health"], env=cli_env, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and "healthy" in out.stdout
+        # A bad token: the server's message on one line, no traceback.
+        out = subprocess.run([gswarm, "nodes"], env={**cli_env, "GSWARM_TOKEN": "nope"}, capture_output=True,
+                             text=True, timeout=30)
+        assert out.returncode == 1
+        assert "UNAUTHORIZED" in out.stderr and "not valid" in out.stderr and "Traceback" not in out.stderr
 
         children = psutil.Process(up.pid).children(recursive=True)
         names = " ".join(" ".join(c.cmdline()) for c in children)

@@ -73,3 +73,27 @@ def test_graceful_stop_marks_offline_at_once(fleet_settings: Settings, start_wor
         wait_for(lambda: get_node(client, token, "nodey")["status"] == "offline", 2.5, "nodey offline after stop")
     finally:
         ctx.pop()
+
+
+def test_client_connect_starts_a_node_worker_with_its_storage_root(
+    fleet_settings: Settings, fleet_env: dict[str, str], start_worker: Any, procs: list, tmp_path: Path
+) -> None:
+    import sys
+
+    from tests.integration.procs import Proc
+
+    ctx, client, token = api_client(fleet_settings)
+    try:
+        start_worker("gswarm_web.celery_app", "control", "control")
+        root = tmp_path / "custom-root"
+        gswarm = str(Path(sys.executable).with_name("gswarm"))
+        env = {k: v for k, v in fleet_env.items() if k != "GSWARM_REDIS_URL"}
+        redis_url = fleet_env["GSWARM_REDIS_URL"]
+        p = Proc("connect", [gswarm, "client", "connect", redis_url, "--node", "nodec", "--storage-root", str(root)],
+                 env, tmp_path).start()
+        procs.append(p)
+        info = wait_for(lambda: get_node(client, token, "nodec"), 20, "nodec registered via client connect")
+        assert info["storage"]["disk"]["path"] == str(root.resolve())
+        assert root.is_dir()
+    finally:
+        ctx.pop()
