@@ -58,8 +58,9 @@ def test_gswarm_up_comes_up_healthy_and_stops_clean(tmp_path: Path) -> None:
         out = subprocess.run([gswarm, "health"], env=cli_env, capture_output=True, text=True, timeout=30)
         assert out.returncode == 0 and "healthy" in out.stdout
         # A bad token: the server's message on one line, no traceback.
-        out = subprocess.run([gswarm, "nodes"], env={**cli_env, "GSWARM_TOKEN": "nope"}, capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            [gswarm, "nodes"], env={**cli_env, "GSWARM_TOKEN": "nope"}, capture_output=True, text=True, timeout=30
+        )
         assert out.returncode == 1
         assert "UNAUTHORIZED" in out.stderr and "not valid" in out.stderr and "Traceback" not in out.stderr
 
@@ -76,3 +77,28 @@ def test_gswarm_up_comes_up_healthy_and_stops_clean(tmp_path: Path) -> None:
         assert alive == [], [c.cmdline() for c in alive]
     finally:
         up.stop()
+
+
+def test_host_start_runs_the_control_plane_only(tmp_path: Path, redis_url: str, pg_url: str) -> None:
+    home = tmp_path / "head"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GSWARM_")}
+    env.update(GSWARM_HOME=str(home), GSWARM_REDIS_URL=redis_url, GSWARM_DATABASE_URL=pg_url, PYTHONUNBUFFERED="1")
+    gswarm = str(Path(sys.executable).with_name("gswarm"))
+    head = Proc("head", [gswarm, "host", "start", "--port", str(port)], env, tmp_path).start()
+    try:
+        api = f"http://127.0.0.1:{port}/api/v1"
+        health = wait_for(
+            lambda: (h := requests.get(f"{api}/health", timeout=2).json())["status"] == "healthy" and h,
+            30,
+            "the head to be healthy",
+        )
+        assert health["workers"]["nodes"] == {"healthy": 0, "unhealthy": 0, "offline": 0}
+        names = " ".join(" ".join(c.cmdline()) for c in psutil.Process(head.pid).children(recursive=True))
+        assert "gunicorn" in names and "gswarm_web.celery_app" in names and "beat" in names
+        assert "redis-server" not in names and "-Q node" not in names  # the given broker, and no node worker
+        os.kill(head.pid, signal.SIGINT)
+        assert head.proc is not None
+        assert head.proc.wait(timeout=60) == 0
+    finally:
+        head.stop()

@@ -89,8 +89,12 @@ def test_client_connect_starts_a_node_worker_with_its_storage_root(
         gswarm = str(Path(sys.executable).with_name("gswarm"))
         env = {k: v for k, v in fleet_env.items() if k != "GSWARM_REDIS_URL"}
         redis_url = fleet_env["GSWARM_REDIS_URL"]
-        p = Proc("connect", [gswarm, "client", "connect", redis_url, "--node", "nodec", "--storage-root", str(root)],
-                 env, tmp_path).start()
+        p = Proc(
+            "connect",
+            [gswarm, "client", "connect", redis_url, "--node", "nodec", "--storage-root", str(root)],
+            env,
+            tmp_path,
+        ).start()
         procs.append(p)
         info = wait_for(lambda: get_node(client, token, "nodec"), 20, "nodec registered via client connect")
         assert info["storage"]["disk"]["path"] == str(root.resolve())

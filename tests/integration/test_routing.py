@@ -42,3 +42,14 @@ def test_poison_task_ends_failed_after_the_redelivery_cap(sender: Celery, start_
     # The worker itself survived its pool processes dying and still serves the queue.
     assert worker.proc is not None and worker.proc.poll() is None
     assert send_to_node(sender, "nodep", "gswarm.node.ping").get(timeout=30)["node"] == "nodep"
+
+
+def test_priorities_are_served_in_order(sender: Celery, start_worker: Any) -> None:
+    # Queue everything before any worker consumes, then let one single-process worker drain the queue.
+    order = ["low", "normal", "high", "critical", "low", "critical", "normal", "high"]
+    results = [(p, send_to_node(sender, "nodeq", "gswarm.node.ping", priority=p)) for p in order]
+    start_worker("gswarm_tasks", "nodeq", "nodeq", concurrency=1)
+    ran = sorted(((r.get(timeout=30)["time"], p) for p, r in results))
+    served = [p for _, p in ran]
+    rank = {"critical": 0, "high": 1, "normal": 2, "low": 3}
+    assert served == sorted(order, key=rank.__getitem__), served
