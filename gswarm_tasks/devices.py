@@ -89,6 +89,26 @@ def safe_name(name: str, field: str = "name") -> str:
     return name
 
 
+def safe_relpath(rel: str, field: str = "path") -> tuple[str, ...]:
+    """Split a manifest's relative file path (`1_Pooling/config.json`) into checked components."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel or len(rel) > 1024:
+        raise InvalidRequest(f"{field}: {rel!r} is not a relative file path", {"field": field, "value": rel})
+    parts = tuple(rel.split("/"))
+    for part in parts:
+        if part in ("", ".", "..") or len(part) > 255:
+            raise InvalidRequest(f"{field}: {rel!r} is not a relative file path", {"field": field, "value": rel})
+    return parts
+
+
+def file_path(root: str | Path, rel: str) -> Path:
+    """A file inside `root` named by a relative path from a manifest; refuses anything that escapes."""
+    base = Path(root).resolve()
+    path = base.joinpath(*safe_relpath(rel))
+    if base not in path.resolve().parents:
+        raise InvalidRequest(f"path escapes its root: {rel!r}", {"root": str(base)})
+    return path
+
+
 def storage_path(root: str | Path, *names: str) -> Path:
     """Build a path under `root` from checked names; the only way a name reaches a file path."""
     base = Path(root).resolve()

@@ -66,6 +66,11 @@ class Option:
     help: str
 
 
+def _paths(v: Any) -> tuple[str, ...]:
+    items = v if isinstance(v, list | tuple) else str(v).split(os.pathsep)
+    return tuple(str(Path(str(p)).expanduser().resolve()) for p in items if str(p).strip())
+
+
 def _opt_str(v: Any) -> str | None:
     return None if v is None or v == "" else str(v)
 
@@ -203,6 +208,76 @@ OPTIONS: tuple[Option, ...] = (
         parse_bool,
         "Record NVLink bandwidth by default (false)",
     ),
+    Option(
+        "allowed_roots",
+        "GSWARM_MODELS_ALLOWED_ROOTS",
+        "models.allowed_roots",
+        _paths,
+        "Directories `file://` model and data sources may come from (os.pathsep-separated; none by default)",
+    ),
+    Option(
+        "file_host",
+        "GSWARM_FILE_HOST",
+        "transfer.host",
+        _opt_str,
+        "Address a node's file server binds to (default: the node's address)",
+    ),
+    Option(
+        "file_port",
+        "GSWARM_FILE_PORT",
+        "transfer.port",
+        int,
+        "Port of a node's file server (0: a free port, announced in the heartbeat)",
+    ),
+    Option(
+        "transfer_secret",
+        "GSWARM_TRANSFER_SECRET",
+        "transfer.secret",
+        _opt_str,
+        "Key that signs node-to-node transfer tokens (default: generated once and kept in Redis)",
+    ),
+    Option(
+        "transfer_token_ttl_s",
+        "GSWARM_TRANSFER_TOKEN_TTL",
+        "transfer.token_ttl",
+        int,
+        "Seconds a transfer token stays valid (900)",
+    ),
+    Option(
+        "transfer_streams",
+        "GSWARM_TRANSFER_STREAMS",
+        "transfer.streams",
+        int,
+        "Parallel range requests of one node-to-node copy (4)",
+    ),
+    Option(
+        "serve_port_start",
+        "GSWARM_SERVE_PORT_START",
+        "serving.port_start",
+        int,
+        "First port tried for a model service without one (8080)",
+    ),
+    Option(
+        "serve_ready_timeout_s",
+        "GSWARM_SERVE_READY_TIMEOUT",
+        "serving.ready_timeout",
+        float,
+        "Seconds a model service may take to answer /health (300)",
+    ),
+    Option(
+        "serve_check_interval_s",
+        "GSWARM_SERVE_CHECK_INTERVAL",
+        "serving.check_interval",
+        float,
+        "Seconds between health checks of running services (10)",
+    ),
+    Option(
+        "serve_command",
+        "GSWARM_SERVE_COMMAND",
+        "serving.command",
+        _opt_str,
+        "Command template of the `command` backend, e.g. `vllm serve {path} --port {port}`",
+    ),
     Option("log_level", "GSWARM_LOG_LEVEL", "logging.level", str, "Log level of every process (INFO)"),
 )
 
@@ -235,6 +310,16 @@ class Settings:
     profiling_frequency_ms: int = defaults.PROFILING_FREQUENCY_MS
     profiling_bandwidth: bool = True
     profiling_nvlink: bool = False
+    allowed_roots: tuple[str, ...] = ()
+    file_host: str | None = None
+    file_port: int = 0
+    transfer_secret: str | None = None
+    transfer_token_ttl_s: int = 900
+    transfer_streams: int = 4
+    serve_port_start: int = 8080
+    serve_ready_timeout_s: float = 300.0
+    serve_check_interval_s: float = 10.0
+    serve_command: str | None = None
     log_level: str = "INFO"
     nodes: list[dict[str, Any]] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)

@@ -12,7 +12,11 @@ from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 
 from .celery_app import settings_of
 from .devices import NODE_NAME_RE, RESERVED_NODE_NAMES
+from .errors import TaskFailed
 from .node import Heartbeat, route_address
+from .serving import ServiceMonitor, ServiceRegistry
+from .storage import Tiers
+from .transfer import FileServer, transfer_secret
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +30,24 @@ class NodeContext:
     dram_root: Path
     address: str
     worker: str
+    tiers: Tiers
+    services: ServiceRegistry
+    file_port: int | None = None
 
 
 _node: NodeContext | None = None
 _heartbeat: Heartbeat | None = None
+_file_server: FileServer | None = None
+_monitor: ServiceMonitor | None = None
 
 
 def current_node() -> NodeContext | None:
+    return _node
+
+
+def require_node() -> NodeContext:
+    if _node is None:
+        raise TaskFailed("this worker is not a node worker (start it with -Q NODE -n NODE@%h)")
     return _node
 
 
@@ -60,12 +75,16 @@ def _on_setup(sender: str, instance: Any, **_: Any) -> None:
     name = resolve_node_name(settings.node_name, sender, queues)
     if name is None:
         return
+    storage_root = settings.effective_storage_root(name)
+    dram_root = settings.effective_dram_root(name)
     _node = NodeContext(
         name=name,
-        storage_root=settings.effective_storage_root(name),
-        dram_root=settings.effective_dram_root(name),
+        storage_root=storage_root,
+        dram_root=dram_root,
         address=settings.node_address or route_address(settings.effective_redis_url),
         worker=sender,
+        tiers=Tiers(name, storage_root, dram_root),
+        services=ServiceRegistry(storage_root),
     )
     _node.storage_root.mkdir(parents=True, exist_ok=True)
     try:  # the dram tier exists only where its tmpfs does; it is reported, never faked
@@ -78,11 +97,19 @@ def _on_setup(sender: str, instance: Any, **_: Any) -> None:
 
 @worker_ready.connect
 def _on_ready(sender: Any = None, **_: Any) -> None:
-    global _heartbeat
+    global _heartbeat, _file_server, _monitor
     if _node is None or _heartbeat is not None:
         return
     settings = settings_of(sender.app)
     client = redis.Redis.from_url(settings.effective_redis_url, socket_timeout=5, socket_connect_timeout=5)
+    roots = {"disk": _node.storage_root}
+    if _node.dram_root.is_dir():
+        roots["dram"] = _node.dram_root
+    _file_server = _start_file_server(_node, roots, client, settings.file_host or _node.address, settings)
+    _node.file_port = _file_server.port
+    log.info("file server of %s on %s:%s", _node.name, settings.file_host or _node.address, _file_server.port)
+    _monitor = ServiceMonitor(_node.services, settings.serve_check_interval_s)
+    _monitor.start()
     _heartbeat = Heartbeat(
         client,
         _node.name,
@@ -90,14 +117,43 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         _node.dram_root,
         _node.address,
         settings.heartbeat_interval_s,
-        extra={"worker": _node.worker, "queues": [_node.name]},
+        extra={"worker": _node.worker, "queues": [_node.name], "file_port": _file_server.port},
+        services=_node.services.snapshot,
     )
     _heartbeat.start()
 
 
+def _start_file_server(node: NodeContext, roots: dict[str, Path], client: Any, host: str, settings: Any) -> FileServer:
+    """Bind the configured port, else the one this node used last time (copies in flight know it), else any."""
+    remembered = node.storage_root / ".file-port"
+    ports = [settings.file_port] if settings.file_port else []
+    try:
+        ports.append(int(remembered.read_text()))
+    except (OSError, ValueError):
+        pass
+    ports.append(0)
+    secret = lambda: transfer_secret(client, settings.transfer_secret)  # noqa: E731
+    for port in ports:
+        try:
+            server = FileServer(node.name, roots, secret, host, port)
+        except OSError:
+            if port == settings.file_port and settings.file_port:
+                raise
+            continue
+        remembered.write_text(str(server.port))
+        return server.start()
+    raise RuntimeError("no port for the file server")
+
+
 @worker_shutdown.connect
 def _on_shutdown(**_: Any) -> None:
-    global _heartbeat
+    global _heartbeat, _file_server, _monitor
+    if _monitor is not None:
+        _monitor.stop()
+        _monitor = None
+    if _file_server is not None:
+        _file_server.stop()
+        _file_server = None
     if _heartbeat is not None:
         _heartbeat.stop(announce=True)
         _heartbeat = None

@@ -26,3 +26,11 @@ def sweep_nodes() -> list[list[str]]:
 
     settings = settings_of(app)
     return [list(c) for c in sweep(settings.heartbeat_timeout_s, settings.offline_after_s)]
+
+
+@app.task(name="gswarm.control.task_event", base=ControlTask)
+def task_event(op_id: str, event: str, data: dict[str, Any]) -> None:
+    """Record what a node task reported (started, phase, retrying, succeeded, failed)."""
+    from .operations import apply_event
+
+    apply_event(op_id, event, data)

@@ -90,3 +90,93 @@ class ApiToken(db.Model):  # type: ignore[name-defined]
     prefix: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Model(db.Model):  # type: ignore[name-defined]
+    """A registered model; where it lives is in `locations`, what it is made of in `manifest`."""
+
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    model_type: Mapped[str] = mapped_column(String(64))
+    source_url: Mapped[str | None] = mapped_column(String(1024))
+    model_size: Mapped[int | None] = mapped_column(db.BigInteger)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    trust_remote_code: Mapped[bool] = mapped_column(db.Boolean, default=False)
+    status: Mapped[str] = mapped_column(String(16), default="registered", index=True)
+    status_message: Mapped[str | None] = mapped_column(String(2000))
+    manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+    locations: Mapped[list[ModelLocation]] = relationship(
+        back_populates="model", cascade="all, delete-orphan", order_by="ModelLocation.device", lazy="selectin"
+    )
+
+
+class ModelLocation(db.Model):  # type: ignore[name-defined]
+    """A verified, complete copy of a model on one device (only ever recorded after the copy is in place)."""
+
+    __tablename__ = "model_locations"
+
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
+    device: Mapped[str] = mapped_column(String(100), primary_key=True)
+    node: Mapped[str] = mapped_column(String(63), index=True)
+    tier: Mapped[str] = mapped_column(String(16))
+    path: Mapped[str | None] = mapped_column(String(1024))
+    size_bytes: Mapped[int | None] = mapped_column(db.BigInteger)
+    status: Mapped[str] = mapped_column(String(16), default="ready")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    model: Mapped[Model] = relationship(back_populates="locations")
+
+
+class Service(db.Model):  # type: ignore[name-defined]
+    """A model server process on a node."""
+
+    __tablename__ = "services"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    node: Mapped[str] = mapped_column(String(63), index=True)
+    device: Mapped[str] = mapped_column(String(100))
+    port: Mapped[int | None] = mapped_column(Integer)
+    url: Mapped[str | None] = mapped_column(String(300))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    backend: Mapped[str] = mapped_column(String(32), default="builtin")
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(16), default="starting", index=True)
+    status_message: Mapped[str | None] = mapped_column(String(2000))
+    healthy: Mapped[bool | None] = mapped_column(db.Boolean)
+    last_check_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    model: Mapped[Model] = relationship(lazy="joined")
+
+
+class TaskRecord(db.Model):  # type: ignore[name-defined]
+    """One operation sent to the fleet (its id is the Celery task id); live progress lives in Redis."""
+
+    __tablename__ = "tasks"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32), index=True)
+    state: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    node: Mapped[str | None] = mapped_column(String(63), index=True)
+    priority: Mapped[str] = mapped_column(String(16), default="normal")
+    model_name: Mapped[str | None] = mapped_column(String(200), index=True)
+    service_id: Mapped[str | None] = mapped_column(String(36))
+    source_device: Mapped[str | None] = mapped_column(String(100))
+    target_device: Mapped[str | None] = mapped_column(String(100))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    progress_done_bytes: Mapped[int | None] = mapped_column(db.BigInteger)
+    progress_total_bytes: Mapped[int | None] = mapped_column(db.BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -1,0 +1,341 @@
+"""gswarm's built-in model server: one model from a local directory behind an OpenAI-style HTTP API.
+
+It loads the model, then binds the port (so "the port answers GET /health" means ready) and prints
+`gswarm-model-server ready on http://HOST:PORT`. ML libraries are imported inside functions only; the Hugging
+Face hub is never contacted. Start-up failures print `gswarm-model-server: CODE: message` and exit 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from flask import Flask, Response, g, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from .errors import GswarmError, InvalidRequest, ModelNotFound, NotFound, ResourceUnavailable
+
+log = logging.getLogger("gswarm.model_server")
+EMBED, COMPLETE = "embeddings", "completions"
+_DEVICE_RE = re.compile(r"^(cpu|cuda(?::(\d+))?)$")
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_ST_MARKERS = ("modules.json", "config_sentence_transformers.json")
+MAX_TOKENS_LIMIT = 4096
+
+
+@dataclass
+class Backend:
+    """The loaded model; `lock` serialises every forward pass."""
+
+    task: str
+    model: Any
+    tokenizer: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def check_device(device: str) -> str:
+    """Return the canonical device name or raise; CUDA that the host lacks is refused, never faked."""
+    m = _DEVICE_RE.match(device)
+    if not m:
+        raise InvalidRequest(f"bad device {device!r}: expected cpu or cuda:N", {"device": device})
+    if m.group(1) == "cpu":
+        return "cpu"
+    name = f"cuda:{int(m.group(2) or 0)}"
+    import torch
+
+    if not torch.cuda.is_available() or int(m.group(2) or 0) >= torch.cuda.device_count():
+        raise ResourceUnavailable(f"{name} is not available on this host", {"device": name})
+    return name
+
+
+def detect_task(path: Path) -> str:
+    if any((path / marker).is_file() for marker in _ST_MARKERS):
+        return EMBED
+    try:
+        archs = json.loads((path / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError) as exc:
+        raise InvalidRequest(f"cannot detect the task of {path}: no readable config.json ({exc})") from None
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        return COMPLETE
+    hint = "pass --task embeddings (mean pooling) or --task completions"
+    raise InvalidRequest(f"cannot detect the task of {path} (architectures {archs}); {hint}", {"architectures": archs})
+
+
+def load_backend(path: Path, task: str, device: str, trust_remote_code: bool) -> Backend:
+    if task == EMBED:
+        from sentence_transformers import SentenceTransformer
+
+        # A plain transformers encoder (no modules.json) gets mean pooling from sentence-transformers itself.
+        st = SentenceTransformer(str(path), device=device, trust_remote_code=trust_remote_code, local_files_only=True)
+        st.eval()
+        return Backend(EMBED, st)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    opts: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": True}
+    tokenizer = AutoTokenizer.from_pretrained(str(path), **opts)
+    dtype = torch.float32 if device == "cpu" else "auto"
+    model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **opts)
+    model = model.to(device).eval()
+    return Backend(COMPLETE, model, tokenizer)
+
+
+def _strings(body: dict[str, Any], key: str, max_items: int) -> list[str]:
+    value = body.get(key)
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(s, str) and s for s in items):
+        raise InvalidRequest(f"'{key}' must be a non-empty string or a non-empty list of them", {"field": key})
+    if len(items) > max_items:
+        details = {"field": key, "count": len(items), "max_batch_size": max_items}
+        raise InvalidRequest(f"'{key}' has {len(items)} items; at most {max_items} per request", details)
+    return items
+
+
+def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float, *, integer: bool = False) -> Any:
+    value = default if body.get(key) is None else body[key]
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or not lo <= value <= hi:
+        kind = "an integer" if integer else "a number"
+        raise InvalidRequest(f"'{key}' must be {kind} in [{lo}, {hi}]", {"field": key, "value": value})
+    return value
+
+
+def embed(backend: Backend, texts: list[str], fmt: str, batch: int) -> tuple[list[Any], int]:
+    import numpy as np
+    import torch
+
+    model = backend.model
+    with backend.lock, torch.inference_mode():
+        tokens = int(model.preprocess(texts)["attention_mask"].sum())
+        vectors = model.encode(texts, batch_size=batch, convert_to_numpy=True, show_progress_bar=False)
+    vectors = np.asarray(vectors, dtype="<f4")
+    if fmt == "base64":
+        return [base64.b64encode(v.tobytes()).decode("ascii") for v in vectors], tokens
+    return [v.tolist() for v in vectors], tokens
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def complete(backend: Backend, prompt: str, params: dict[str, Any]) -> tuple[str, str, int, int]:
+    """One prompt -> (text, finish_reason, prompt_tokens, completion_tokens)."""
+    import torch
+
+    tok, model = backend.tokenizer, backend.model
+    enc = tok(prompt, return_tensors="pt").to(model.device)
+    n_prompt = int(enc["input_ids"].shape[1])
+    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    if limit and n_prompt + params["max_tokens"] > limit:
+        details = {"prompt_tokens": n_prompt, "max_tokens": params["max_tokens"], "context_length": limit}
+        raise InvalidRequest(f"prompt ({n_prompt} tokens) + max_tokens exceeds the context length {limit}", details)
+    sample = params["temperature"] > 0
+    gen: dict[str, Any] = {"max_new_tokens": params["max_tokens"], "do_sample": sample}
+    if sample:
+        gen.update(temperature=params["temperature"], top_p=params["top_p"], top_k=0)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    with backend.lock, torch.inference_mode():
+        out = model.generate(**enc, **gen, pad_token_id=pad)
+    new = out[0, n_prompt:].tolist()
+    eos_ids = {tok.eos_token_id, *_as_list(getattr(model.generation_config, "eos_token_id", None))} - {None}
+    text = tok.decode(new, skip_special_tokens=True)
+    finish = "stop" if new and new[-1] in eos_ids else "length"
+    cuts = [i for i in (text.find(s) for s in params["stop"]) if i >= 0]
+    if cuts:
+        text, finish = text[: min(cuts)], "stop"
+    return text, finish, n_prompt, len(new)
+
+
+def create_app(backend: Backend, name: str, device: str, max_batch: int) -> Flask:
+    app = Flask("gswarm_model_server")
+    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
+    started = time.monotonic()
+    counter = {"requests_total": 0}
+    count_lock = threading.Lock()
+
+    def request_id() -> str:
+        if "request_id" not in g:
+            given = request.headers.get("X-Request-ID", "")
+            g.request_id = given if _REQUEST_ID_RE.match(given) else f"req-{uuid.uuid4().hex[:20]}"
+        return str(g.request_id)
+
+    def error(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> tuple[Response, int]:
+        stamp = datetime.now(UTC).isoformat()
+        body = {"code": code, "message": message, "details": details or {}, "timestamp": stamp}
+        return jsonify({"error": {**body, "request_id": request_id()}}), status
+
+    def json_body() -> dict[str, Any]:
+        body = request.get_json(force=True, silent=True)
+        if not isinstance(body, dict):
+            raise InvalidRequest("the request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != name:
+            raise ModelNotFound(f"model {model!r} is not served here; this server serves {name!r}", {"model": model})
+        return body
+
+    def only(task: str) -> None:
+        if backend.task != task:
+            message = f"/v1/{task} is not served: model {name!r} is loaded for the {backend.task} task"
+            raise NotFound(message, {"task": backend.task, "endpoint": f"/v1/{task}"})
+
+    @app.before_request
+    def _count() -> None:  # every request but the health probes
+        if request.path != "/health":
+            with count_lock:
+                counter["requests_total"] += 1
+
+    @app.after_request
+    def _tag(resp: Response) -> Response:
+        resp.headers["X-Request-ID"] = request_id()
+        return resp
+
+    @app.errorhandler(Exception)
+    def _on_error(exc: Exception) -> tuple[Response, int]:
+        if isinstance(exc, GswarmError):
+            return error(exc.status, exc.code, exc.message, exc.details)
+        if isinstance(exc, HTTPException) and (exc.code or 500) < 500:
+            code = "NOT_FOUND" if exc.code == 404 else "INVALID_REQUEST"
+            message, details = str(exc.description or exc.name), {}
+            if exc.code == 404:
+                message = f"no such resource: {request.path}"
+            elif exc.code == 405:
+                message = f"method {request.method} is not allowed on {request.path}"
+                details = {"allowed_methods": sorted(getattr(exc, "valid_methods", None) or [])}
+            return error(exc.code or 400, code, message, details)
+        log.exception("unhandled error on %s %s [%s]", request.method, request.path, request_id())
+        return error(500, "INTERNAL", "internal error; see the model server log")
+
+    @app.get("/health")
+    def health() -> Response:
+        uptime = round(time.monotonic() - started, 3)
+        return jsonify(status="ok", model=name, task=backend.task, device=device, uptime_s=uptime, **counter)
+
+    @app.get("/v1/models")
+    def models() -> Response:
+        return jsonify(object="list", data=[{"id": name, "object": "model", "owned_by": "gswarm"}])
+
+    @app.post("/v1/embeddings")
+    def embeddings() -> Response:
+        only(EMBED)
+        body = json_body()
+        texts = _strings(body, "input", max_batch)
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise InvalidRequest("'encoding_format' must be 'float' or 'base64'", {"field": "encoding_format"})
+        vectors, tokens = embed(backend, texts, fmt, max_batch)
+        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return jsonify(object="list", data=data, model=name, usage=usage)
+
+    @app.post("/v1/completions")
+    def completions() -> Response:
+        only(COMPLETE)
+        body = json_body()
+        prompts = _strings(body, "prompt", max_batch)
+        if body.get("stream"):
+            raise InvalidRequest("'stream' is not supported", {"field": "stream"})
+        if body.get("n", 1) != 1:
+            raise InvalidRequest("only 'n': 1 is supported", {"field": "n"})
+        stop = _as_list(body.get("stop") or [])
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
+            raise InvalidRequest("'stop' must be a string or a list of at most 4 non-empty strings", {"field": "stop"})
+        params = {
+            "max_tokens": _number(body, "max_tokens", 16, 1, MAX_TOKENS_LIMIT, integer=True),
+            "temperature": float(_number(body, "temperature", 1.0, 0.0, 2.0)),
+            "top_p": float(_number(body, "top_p", 1.0, 1e-6, 1.0)),
+            "stop": stop,
+        }
+        choices, n_prompt, n_done = [], 0, 0
+        for i, prompt in enumerate(prompts):
+            text, finish, p, c = complete(backend, prompt, params)
+            choices.append({"index": i, "text": text, "finish_reason": finish, "logprobs": None})
+            n_prompt, n_done = n_prompt + p, n_done + c
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": n_done, "total_tokens": n_prompt + n_done}
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time())}
+        return jsonify({**head, "model": name, "choices": choices, "usage": usage})
+
+    return app
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m gswarm_tasks.model_server", description=__doc__.split("\n")[0])
+    p.add_argument("--model-path", required=True, type=Path, help="local model directory")
+    p.add_argument("--model-name", required=True, help="the name clients use in 'model'")
+    p.add_argument("--port", required=True, type=int, help="TCP port; 0 picks a free one")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--device", default="cpu", help="cpu or cuda:N")
+    p.add_argument("--task", default="auto", choices=["auto", EMBED, COMPLETE])
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--max-batch-size", type=int, default=64, help="most inputs/prompts per request")
+    args = p.parse_args(argv)
+    if args.max_batch_size < 1 or not 0 <= args.port <= 65535:
+        p.error("--max-batch-size must be >= 1 and --port in [0, 65535]")
+    return args
+
+
+def _fail(exc: GswarmError | str) -> int:
+    text = f"{exc.code}: {exc.message}" if isinstance(exc, GswarmError) else str(exc)
+    print(f"gswarm-model-server: {text}", file=sys.stderr, flush=True)
+    return 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in (log.name, "werkzeug"):
+        logging.getLogger(name).setLevel(logging.INFO)
+    server: Any = None
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if server is None:  # still loading: nothing to drain
+            raise SystemExit(0)
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    path = args.model_path.resolve()
+    try:
+        if not path.is_dir():
+            raise ModelNotFound(f"model directory {path} does not exist", {"model_path": str(path)})
+        device = check_device(args.device)
+        task = detect_task(path) if args.task == "auto" else args.task
+        t0 = time.monotonic()
+        backend = load_backend(path, task, device, args.trust_remote_code)
+        log.info("loaded %s (%s) on %s in %.1f s", args.model_name, task, device, time.monotonic() - t0)
+    except GswarmError as exc:
+        return _fail(exc)
+    except Exception as exc:  # a broken model directory, a missing library, out of memory...
+        return _fail(f"INTERNAL: cannot load {path} as {args.task}: {type(exc).__name__}: {exc}")
+    from werkzeug.serving import make_server
+
+    app = create_app(backend, args.model_name, device, args.max_batch_size)
+    try:
+        server = make_server(args.host, args.port, app, threaded=True)
+    except OSError as exc:
+        return _fail(ResourceUnavailable(f"cannot bind {args.host}:{args.port}: {exc}", {"port": args.port}))
+    print(f"gswarm-model-server ready on http://{args.host}:{server.server_port}", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

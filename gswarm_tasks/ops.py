@@ -1,0 +1,137 @@
+"""How a node task reports: live progress into Redis, state changes to the control queue, and retries."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from celery import Task
+
+from . import defaults
+from .errors import GswarmError, NetworkError
+
+log = logging.getLogger(__name__)
+
+PROGRESS_KEY = "gswarm:progress:{}"
+DONE_KEY = "gswarm:op-done:{}"
+PROGRESS_TTL_S = 7 * 24 * 3600
+
+
+def redis_of(task: Task) -> redis.Redis:
+    client = getattr(task.app.backend, "client", None)
+    if client is None:
+        from .celery_app import settings_of
+
+        client = redis.Redis.from_url(settings_of(task.app).effective_redis_url)
+    return client  # type: ignore[no-any-return]
+
+
+class Reporter:
+    """Progress (bytes done / total, phase) for `GET /queue/tasks/{id}`, and events for the control worker."""
+
+    def __init__(self, task: Task, op_id: str, interval_s: float = 0.5) -> None:
+        self.task = task
+        self.op_id = op_id
+        self.client = redis_of(task)
+        self.done = 0
+        self.total: int | None = None
+        self.phase = "queued"
+        self.interval_s = interval_s
+        self._last = 0.0
+
+    def event(self, event: str, **data: Any) -> None:
+        self.task.app.send_task(
+            "gswarm.control.task_event",
+            args=[self.op_id, event, data],
+            queue=defaults.CONTROL_QUEUE,
+            priority=defaults.PRIORITIES["high"],
+        )
+
+    def set_phase(self, phase: str, total: int | None = None, reset: bool = False) -> None:
+        self.phase = phase
+        if total is not None:
+            self.total = total
+        if reset:
+            self.done = 0
+        self.flush()
+        self.event("phase", phase=phase)
+
+    def progress(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self._last >= self.interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        self._last = time.monotonic()
+        mapping = {"phase": self.phase, "done": self.done, "updated_at": time.time()}
+        if self.total is not None:
+            mapping["total"] = self.total
+        try:
+            key = PROGRESS_KEY.format(self.op_id)
+            pipe = self.client.pipeline()
+            pipe.hset(key, mapping=mapping)
+            pipe.expire(key, PROGRESS_TTL_S)
+            pipe.execute()
+        except redis.RedisError as exc:  # progress is best effort; the result is not
+            log.debug("progress of %s not written: %s", self.op_id, exc)
+
+
+def read_progress(client: redis.Redis, op_id: str) -> dict[str, Any]:
+    raw: dict[bytes, bytes] = client.hgetall(PROGRESS_KEY.format(op_id))  # type: ignore[assignment]
+    out: dict[str, Any] = {}
+    for k, v in raw.items():
+        key = k.decode()
+        out[key] = v.decode() if key == "phase" else float(v)
+    return out
+
+
+def error_dict(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, GswarmError):
+        return {"code": exc.code, "message": exc.message, "details": exc.details}
+    return {"code": "TASK_FAILED", "message": f"{type(exc).__name__}: {exc}"[:1000], "details": {}}
+
+
+def run_op(
+    task: Task,
+    op_id: str,
+    body: Callable[[Reporter], dict[str, Any]],
+    cleanup: Callable[[], None] | None = None,
+    retryable: tuple[type[BaseException], ...] = (NetworkError,),
+) -> dict[str, Any]:
+    """Run one operation: report it started, retry network failures with backoff and jitter, clean up and
+    report on final failure, report success. Idempotent by op id: a redelivered finished op is not redone."""
+    rep = Reporter(task, op_id)
+    done_key = DONE_KEY.format(op_id)
+    finished = rep.client.get(done_key)
+    if finished is not None:
+        result = dict(json.loads(finished))
+        rep.event("succeeded", **result)
+        return result
+    rep.event("started", attempt=int(task.request.retries or 0) + 1, worker=task.request.hostname)
+    try:
+        result = body(rep)
+    except retryable as exc:
+        retries = int(task.request.retries or 0)
+        if retries < (task.max_retries or 0):
+            countdown = min(60.0, 2.0**retries) * (0.5 + random.random())
+            rep.event("retrying", error=error_dict(exc), countdown_s=round(countdown, 2))
+            raise task.retry(exc=exc, countdown=countdown) from exc
+        if cleanup:
+            cleanup()
+        rep.event("failed", error=error_dict(exc))
+        raise
+    except BaseException as exc:
+        if cleanup:
+            cleanup()
+        rep.event("failed", error=error_dict(exc))
+        raise
+    rep.client.set(done_key, json.dumps(result), ex=PROGRESS_TTL_S)
+    rep.flush()
+    rep.event("succeeded", **result)
+    return result

@@ -1,0 +1,212 @@
+"""Storage tiers on a node: where a model lives on `disk` and `dram`, manifests, verified copies, atomic installs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import queue
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from .devices import Device, file_path, safe_name
+from .errors import InvalidRequest, ResourceUnavailable, TaskFailed
+
+MANIFEST_FILE = ".gswarm-manifest.json"
+STAGING = ".staging"
+CHUNK = 8 * 1024 * 1024
+Progress = Callable[[int], None]
+
+
+class VerificationError(TaskFailed):
+    """A file's size or checksum does not match its manifest: the bytes are wrong, retrying will not help."""
+
+
+@dataclass(frozen=True)
+class Tiers:
+    """The file-backed tiers of one node."""
+
+    node: str
+    disk: Path
+    dram: Path
+
+    def root(self, tier: str) -> Path:
+        if tier == "disk":
+            return self.disk
+        if tier == "dram":
+            if not self.dram.parent.is_dir():
+                raise ResourceUnavailable(
+                    f"{self.node}:dram is not available: no tmpfs at {self.dram.parent}",
+                    {"device": f"{self.node}:dram"},
+                )
+            return self.dram
+        raise InvalidRequest(f"{self.node}:{tier} is not a file tier (disk or dram)", {"device": f"{self.node}:{tier}"})
+
+    def model_dir(self, tier: str, model: str) -> Path:
+        return self.root(tier) / "models" / safe_name(model, "model_name")
+
+    def staging_dir(self, tier: str, key: str) -> Path:
+        return self.root(tier) / STAGING / safe_name(key, "staging key")
+
+    def device(self, tier: str) -> Device:
+        return Device(self.node, tier)
+
+
+def iter_files(root: Path) -> Iterator[tuple[str, Path]]:
+    """(relative path, path) of every regular file under root, sorted, skipping gswarm's own files."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in (STAGING, ".cache"))
+        for name in sorted(filenames):
+            if name == MANIFEST_FILE or name.endswith(".gswarm-part"):
+                continue
+            p = Path(dirpath) / name
+            if p.is_file() and not p.is_symlink():
+                yield p.relative_to(root).as_posix(), p
+
+
+def hash_file(path: Path, sha256: bool = True, progress: Progress | None = None) -> dict[str, Any]:
+    """Size, sha256 and blake3 of a file in one pass (both hashes release the GIL)."""
+    s = hashlib.sha256() if sha256 else None
+    b = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(CHUNK)
+        mv = memoryview(buf)
+        while n := f.readinto(buf):
+            chunk = mv[:n]
+            if s is not None:
+                s.update(chunk)
+            b.update(chunk)
+            size += n
+            if progress:
+                progress(n)
+    out: dict[str, Any] = {"size": size, "blake3": b.hexdigest()}
+    if s is not None:
+        out["sha256"] = s.hexdigest()
+    return out
+
+
+def build_manifest(root: Path, progress: Progress | None = None) -> dict[str, Any]:
+    files = [{"path": rel, **hash_file(p, progress=progress)} for rel, p in iter_files(root)]
+    return {"version": 1, "files": files, "total_bytes": sum(f["size"] for f in files)}
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    ident = [(f["path"], f["size"], f.get("blake3") or f.get("sha256")) for f in manifest["files"]]
+    return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
+
+
+def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    tmp = root / f"{MANIFEST_FILE}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, root / MANIFEST_FILE)
+
+
+def read_manifest(root: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads((root / MANIFEST_FILE).read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def check_file(path: Path, expected: dict[str, Any], rel: str) -> None:
+    """Verify a file against its manifest entry (blake3 when present, else sha256); raise VerificationError."""
+    if not path.is_file():
+        raise VerificationError(f"{rel}: missing", {"file": rel})
+    if path.stat().st_size != expected["size"]:
+        raise VerificationError(
+            f"{rel}: size {path.stat().st_size} != {expected['size']}", {"file": rel, "expected": expected["size"]}
+        )
+    got = hash_file(path, sha256="blake3" not in expected)
+    key = "blake3" if "blake3" in expected else "sha256"
+    if got[key] != expected[key]:
+        raise VerificationError(
+            f"{rel}: {key} mismatch (expected {expected[key][:16]}..., got {got[key][:16]}...)",
+            {"file": rel, "algorithm": key, "expected": expected[key], "actual": got[key]},
+        )
+
+
+def verified_copy(src: Path, dst: Path, expected: dict[str, Any] | None, progress: Progress | None = None) -> None:
+    """Copy src to dst and check blake3 against `expected` on the way.
+
+    The source is mapped, not read: each chunk is copied once (page cache -> destination) while a second
+    thread hashes the same mapped pages, so verification costs no extra pass over the data.
+    """
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    hasher = blake3.blake3()
+    size = src.stat().st_size
+    if expected is not None and size != expected["size"]:
+        raise VerificationError(f"{src.name}: size {size} != {expected['size']}", {"file": str(src)})
+    q: queue.Queue[memoryview | None] = queue.Queue(maxsize=8)
+
+    def hash_loop() -> None:
+        while (item := q.get()) is not None:
+            hasher.update(item)
+
+    t = threading.Thread(target=hash_loop, daemon=True)
+    t.start()
+    try:
+        with open(src, "rb") as fi, open(dst, "wb", buffering=0) as fo:
+            if size:
+                with mmap.mmap(fi.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                    view = memoryview(mm)
+                    try:
+                        for off in range(0, size, CHUNK):
+                            chunk = view[off : off + CHUNK]
+                            q.put(chunk)
+                            fo.write(chunk)
+                            if progress:
+                                progress(len(chunk))
+                    finally:
+                        q.put(None)
+                        t.join()
+                        del chunk
+                        view.release()
+    finally:
+        if t.is_alive():
+            q.put(None)
+            t.join()
+    if expected is not None and "blake3" in expected and hasher.hexdigest() != expected["blake3"]:
+        raise VerificationError(
+            f"{src.name}: blake3 mismatch while copying", {"file": str(src), "expected": expected["blake3"]}
+        )
+
+
+def copy_tree_verified(
+    src_root: Path, dst_root: Path, manifest: dict[str, Any], progress: Progress | None = None
+) -> None:
+    for entry in manifest["files"]:
+        verified_copy(file_path(src_root, entry["path"]), file_path(dst_root, entry["path"]), entry, progress)
+
+
+def install(staging: Path, final: Path) -> None:
+    """Move a complete staging directory into place atomically; an older copy is replaced, never mixed."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():
+        trash = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(final, trash)
+        os.rename(staging, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(staging, final)
+
+
+def remove_tree(path: Path) -> bool:
+    if not path.exists():
+        return False
+    trash = path.parent / f".{path.name}.del-{uuid.uuid4().hex[:8]}"
+    os.rename(path, trash)  # disappears at once for readers, then is deleted
+    shutil.rmtree(trash, ignore_errors=True)
+    return True
+
+
+def tree_size(root: Path) -> int:
+    return sum(p.stat().st_size for _, p in iter_files(root))

