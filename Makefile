@@ -3,8 +3,11 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# torch is installed before the serve extra so the pin decides the build: the default is the CPU build;
+# on a GPU host use e.g. `make up TORCH=torch` for the CUDA build of your platform.
+TORCH  ?= torch==2.13.0
 
-.PHONY: up install dev test test-unit test-integration lint bench services clean
+.PHONY: up install dev serve test test-unit test-integration lint bench services clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,14 +18,23 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.dev: $(STAMP) pyproject.toml
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q '$(TORCH)'
+	$(BIN)/pip install -q -e '.[dev,serve]'
 	touch $@
+
+$(VENV)/.serve: $(STAMP) pyproject.toml
+	$(BIN)/pip install -q '$(TORCH)'
+	$(BIN)/pip install -q -e '.[serve]'
+	touch $@
+
+serve: $(VENV)/.serve
+
 
 install: $(STAMP)
 
 dev: $(VENV)/.dev
 
-up: $(STAMP)
+up: $(VENV)/.serve
 	$(BIN)/gswarm up
 
 services:
@@ -44,6 +56,7 @@ lint: dev
 
 bench: dev services
 	$(BIN)/python bench/heartbeat.py
+	$(BIN)/python bench/transfer.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

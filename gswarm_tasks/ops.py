@@ -28,7 +28,7 @@ def redis_of(task: Task) -> redis.Redis:
         from .celery_app import settings_of
 
         client = redis.Redis.from_url(settings_of(task.app).effective_redis_url)
-    return client  # type: ignore[no-any-return]
+    return client
 
 
 class Reporter:
@@ -69,13 +69,13 @@ class Reporter:
 
     def flush(self) -> None:
         self._last = time.monotonic()
-        mapping = {"phase": self.phase, "done": self.done, "updated_at": time.time()}
+        mapping: dict[str, str | int | float] = {"phase": self.phase, "done": self.done, "updated_at": time.time()}
         if self.total is not None:
             mapping["total"] = self.total
         try:
             key = PROGRESS_KEY.format(self.op_id)
             pipe = self.client.pipeline()
-            pipe.hset(key, mapping=mapping)
+            pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
             pipe.expire(key, PROGRESS_TTL_S)
             pipe.execute()
         except redis.RedisError as exc:  # progress is best effort; the result is not

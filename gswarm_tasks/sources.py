@@ -39,14 +39,14 @@ def parse_source(url: str, allowed_roots: Sequence[str], field: str = "source_ur
         raise InvalidRequest(f"{field}: a source URL is required", {"field": field})
     if url.startswith("hf://"):
         rest = url[5:]
-        repo, _, rev = rest.partition("@")
-        return _hf(repo, rev or None, url, field)
+        repo, _, at = rest.partition("@")
+        return _hf(repo, at or None, url, field)
     parsed = urlparse(url)
     if parsed.scheme == "https" and parsed.hostname in HF_HOSTS:
         parts = [p for p in parsed.path.split("/") if p]
         if len(parts) < 2:
             raise InvalidRequest(f"{field}: {url!r} does not name a repository", {"field": field, "value": url})
-        rev = None
+        rev: str | None = None
         if len(parts) >= 4 and parts[2] in ("tree", "resolve"):
             rev = "/".join(parts[3:])
         return _hf(f"{parts[0]}/{parts[1]}", rev, url, field)
@@ -79,7 +79,7 @@ def _hf(repo: str, rev: str | None, url: str, field: str) -> Source:
 def _progress_tqdm(progress: Callable[[int], None]) -> Any:
     from tqdm.auto import tqdm
 
-    class ProgressTqdm(tqdm):  # type: ignore[misc,valid-type]
+    class ProgressTqdm(tqdm):
         """Forwards byte counts of huggingface_hub's download bars to gswarm's progress."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -119,7 +119,7 @@ def download_hf(source: Source, dest: Path, progress: Callable[[int], None], tru
         api = HfApi(endpoint=endpoint, token=token)
         info = api.repo_info(source.repo_id, revision=source.revision)
         commit = info.sha
-        tree = {
+        tree: dict[str, Any] = {
             f.path: f
             for f in api.list_repo_tree(source.repo_id, revision=commit, recursive=True)
             if hasattr(f, "size") and hasattr(f, "blob_id")
@@ -140,10 +140,10 @@ def download_hf(source: Source, dest: Path, progress: Callable[[int], None], tru
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
         raise NetworkError(f"download of {source} failed: {type(exc).__name__}: {exc}"[:500]) from exc
     shutil.rmtree(dest / ".cache", ignore_errors=True)
-    expected = {
-        rel: {"size": e.size, "sha256": e.lfs.sha256 if getattr(e, "lfs", None) else None, "git_sha1": e.blob_id}
-        for rel, e in tree.items()
-    }
+    expected: dict[str, dict[str, Any]] = {}
+    for rel, e in tree.items():
+        lfs: Any = getattr(e, "lfs", None)
+        expected[rel] = {"size": e.size, "sha256": lfs.sha256 if lfs else None, "git_sha1": e.blob_id}
     return {"repo_id": source.repo_id, "revision": source.revision, "commit": commit, "expected": expected}
 
 

@@ -15,6 +15,7 @@ from gswarm_tasks.errors import GswarmError
 from gswarm_tasks.settings import load_settings
 
 from .client import ApiClient
+from .model import model
 from .up import client, host, up
 
 console = Console()
@@ -63,6 +64,7 @@ def main() -> None:
 main.add_command(up)
 main.add_command(host)
 main.add_command(client)
+main.add_command(model)
 
 
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:
