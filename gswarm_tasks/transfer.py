@@ -8,17 +8,20 @@ import hmac
 import http.client
 import json
 import logging
+import mmap
 import os
 import secrets
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import nullcontext
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
+import blake3
 import redis
 
 from .devices import file_path
@@ -218,6 +221,9 @@ class _Progress:
         except (OSError, ValueError):
             self.done = {}
 
+        self.arrived = threading.Condition(self.lock)
+        self.failed = False
+
     def has(self, rel: str, block: int) -> bool:
         return block in self.done.get(rel, ())
 
@@ -227,6 +233,19 @@ class _Progress:
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps(self.done))
             os.replace(tmp, self.path)
+            self.arrived.notify_all()
+
+    def wait_for(self, rel: str, block: int) -> bool:
+        """Block until `block` of `rel` is on disk; False when the transfer failed instead."""
+        with self.lock:
+            while block not in self.done.get(rel, ()) and not self.failed:
+                self.arrived.wait(1.0)
+            return not self.failed
+
+    def fail(self) -> None:
+        with self.lock:
+            self.failed = True
+            self.arrived.notify_all()
 
     def forget(self, rel: str) -> None:
         with self.lock:
@@ -313,19 +332,60 @@ def pull_files(
             local.conn = None
             raise NetworkError(f"transfer of {rel} from {address}:{port} failed: {exc}", {"file": rel}) from exc
 
+    # Verification follows the transfer: blocks are hashed in file order as soon as they are on disk.
+    verdict: dict[str, BaseException | None] = {}
+    verifier = threading.Thread(target=_verify_files, args=(dest, manifest, state, verdict), daemon=True)
+    verifier.start()
     pool = ThreadPoolExecutor(max_workers=max(1, streams))
     try:
         for fut in as_completed([pool.submit(fetch, j) for j in jobs]):
             fut.result()
+    except BaseException:
+        state.fail()
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        verifier.join()
     for entry in manifest["files"]:
-        path = file_path(dest, entry["path"])
-        try:
-            check_file(path, entry, entry["path"])
-        except VerificationError:
-            path.unlink(missing_ok=True)
+        exc = verdict.get(entry["path"])
+        if exc is not None:
+            file_path(dest, entry["path"]).unlink(missing_ok=True)
             state.forget(entry["path"])
-            raise
+            raise exc
     (dest / ".gswarm-transfer.json").unlink(missing_ok=True)
     return fetched
+
+
+def _verify_files(
+    dest: Path, manifest: dict[str, Any], state: _Progress, verdict: dict[str, BaseException | None]
+) -> None:
+    for entry in manifest["files"]:
+        rel, size = entry["path"], int(entry["size"])
+        path = file_path(dest, rel)
+        if "blake3" not in entry:  # an old manifest: check the finished file by sha256
+            if not all(state.wait_for(rel, b) for b in range(0, (size + BLOCK - 1) // BLOCK)):
+                return
+            try:
+                check_file(path, entry, rel)
+                verdict[rel] = None
+            except VerificationError as exc:
+                verdict[rel] = exc
+            continue
+        hasher = blake3.blake3()
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else nullcontext() as mm:
+            view = memoryview(mm) if size else memoryview(b"")
+            for block, off in enumerate(range(0, size, BLOCK)):
+                if not state.wait_for(rel, block):
+                    view.release()
+                    return
+                hasher.update(view[off : off + BLOCK])
+            view.release()
+        got = hasher.hexdigest()
+        verdict[rel] = (
+            None
+            if got == entry["blake3"]
+            else VerificationError(
+                f"{rel}: blake3 mismatch (expected {entry['blake3'][:16]}..., got {got[:16]}...)",
+                {"file": rel, "algorithm": "blake3", "expected": entry["blake3"], "actual": got},
+            )
+        )

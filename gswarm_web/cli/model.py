@@ -36,8 +36,16 @@ def follow(c: ApiClient, task: dict[str, Any], title: str, wait: bool = True) ->
     """Show a task's progress bar until it ends; exit 1 if it failed."""
     if not wait or task["status"] in ("succeeded", "failed"):
         return finish(task)
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  TimeRemainingColumn(), TextColumn("{task.fields[phase]}"), console=console, transient=True) as bar:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[phase]}"),
+        console=console,
+        transient=True,
+    ) as bar:
         tid = bar.add_task(title, total=None, phase="queued")
         while task["status"] not in ("succeeded", "failed", "cancelled"):
             time.sleep(0.5)
@@ -76,8 +84,14 @@ def list_models(location: str | None, model_type: str | None, status: str | None
     table = Table("model", "type", "size", "status", "locations", "services")
     for m in body["models"]:
         size = f"{m['model_size'] / 1e9:.2f} GB" if m.get("model_size") else "-"
-        table.add_row(m["model_name"], m["model_type"], size, m["status"], ", ".join(m["locations"]) or "-",
-                      ", ".join(m["services"].values()) or "-")
+        table.add_row(
+            m["model_name"],
+            m["model_type"],
+            size,
+            m["status"],
+            ", ".join(m["locations"]) or "-",
+            ", ".join(m["services"].values()) or "-",
+        )
     console.print(table)
 
 
@@ -91,13 +105,20 @@ def info(name: str) -> None:
 @model.command("register")
 @click.argument("name")
 @click.option("--type", "model_type", required=True, help="llm, embedding, ...")
-@click.option("--source", "--url", "source", required=True, help="hf://org/repo[@rev], https://huggingface.co/..., file://")
+@click.option(
+    "--source", "--url", "source", required=True, help="hf://org/repo[@rev], https://huggingface.co/..., file://"
+)
 @click.option("--trust-remote-code", is_flag=True)
 @click.option("--metadata", default=None, help="JSON object.")
 def register(name: str, model_type: str, source: str, trust_remote_code: bool, metadata: str | None) -> None:
     """Register a model."""
-    body = {"model_name": name, "model_type": model_type, "source_url": source,
-            "trust_remote_code": trust_remote_code, "metadata": json.loads(metadata) if metadata else {}}
+    body = {
+        "model_name": name,
+        "model_type": model_type,
+        "source_url": source,
+        "trust_remote_code": trust_remote_code,
+        "metadata": json.loads(metadata) if metadata else {},
+    }
     m = api().post("models", body)
     console.print(f"registered {m['model_name']} ({m['model_type']}) from {m['source_url']}")
 
@@ -110,8 +131,9 @@ def register(name: str, model_type: str, source: str, trust_remote_code: bool, m
 @click.option("--type", "model_type", default=None, help="Registers the model first when it is unknown.")
 @click.option("--priority", default="normal", type=click.Choice(["critical", "high", "normal", "low"]))
 @click.option("--no-wait", is_flag=True)
-def download(name: str, device: str, node: str | None, source: str | None, model_type: str | None, priority: str,
-             no_wait: bool) -> None:
+def download(
+    name: str, device: str, node: str | None, source: str | None, model_type: str | None, priority: str, no_wait: bool
+) -> None:
     """Download a model onto a node (progress bar until it is verified)."""
     c = api()
     target = full_device(device, node, "--device")
@@ -204,9 +226,13 @@ def stop(name_or_service: str, device: str | None, node: str | None) -> None:
     """Stop a model's services (or one service by id)."""
     c = api()
     dev = full_device(device, node, "--device")
-    running = [s for s in c.get("services", per_page=500)["services"]
-               if s["status"] in ("starting", "running", "unhealthy")
-               and name_or_service in (s["id"], s["model_name"]) and (dev is None or s["device"] == dev)]
+    running = [
+        s
+        for s in c.get("services", per_page=500)["services"]
+        if s["status"] in ("starting", "running", "unhealthy")
+        and name_or_service in (s["id"], s["model_name"])
+        and (dev is None or s["device"] == dev)
+    ]
     if not running:
         raise click.ClickException(f"no running service of {name_or_service}")
     for s in running:
@@ -233,8 +259,9 @@ def services(as_json: bool) -> None:
 def status(name: str, node: str | None) -> None:
     """A model's status, copies and services."""
     m = api().get(f"models/{name}")
-    console.print(f"{m['model_name']}: [bold]{m['status']}[/]" + (f"  ({m['status_message']})"
-                                                                    if m.get("status_message") else ""))
+    console.print(
+        f"{m['model_name']}: [bold]{m['status']}[/]" + (f"  ({m['status_message']})" if m.get("status_message") else "")
+    )
     for loc in m["location_details"]:
         if node is None or loc["node"] == node:
             console.print(f"  {loc['device']:<16} {loc['status']:<8} {loc['path'] or ''}")
