@@ -96,7 +96,7 @@ class Heartbeat:
         address: str,
         interval_s: float,
         extra: dict[str, Any] | None = None,
-        services: Callable[[], list[dict[str, Any]]] | None = None,
+        services: Callable[[], list[dict[str, Any]] | None] | None = None,
     ) -> None:
         self.client = client
         self.node = node
@@ -113,8 +113,9 @@ class Heartbeat:
 
     def payload(self, state: str) -> dict[str, Any]:
         extra = {**self.extra, "state": state, "started_at": self.started_at, "sent_at": time.time()}
-        if self.services is not None:
-            extra["services"] = self.services()
+        services = self.services() if self.services is not None else None
+        if services is not None:
+            extra["services"] = services
         return node_info(self.node, self.storage_root, self.dram_root, self.address, extra=extra)
 
     def beat(self, state: str = "up") -> bool:

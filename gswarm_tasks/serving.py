@@ -66,6 +66,7 @@ class ServiceRegistry:
         self.root = root / "services"
         self.root.mkdir(parents=True, exist_ok=True)
         self.health: dict[str, dict[str, Any]] = {}
+        self.checked = False
         self.lock = threading.Lock()
 
     def path(self, service_id: str) -> Path:
@@ -185,11 +186,13 @@ class ServiceRegistry:
             results.append(item)
         with self.lock:
             self.health = {r["service_id"]: r for r in results}
+            self.checked = True
         return results
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def snapshot(self) -> list[dict[str, Any]] | None:
+        """The latest check of every service; None until a first check has run (nothing is known yet)."""
         with self.lock:
-            return list(self.health.values())
+            return list(self.health.values()) if self.checked else None
 
 
 def check_health(url: str, timeout: float) -> tuple[bool, str]:

@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import nullcontext
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -356,6 +355,20 @@ def pull_files(
     return fetched
 
 
+def _hash_blocks(path: Path, size: int, rel: str, state: _Progress, hasher: Any) -> bool:
+    """Hash a file block by block as each lands; False if the transfer failed first."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        view = memoryview(mm)
+        try:
+            for block, off in enumerate(range(0, size, BLOCK)):
+                if not state.wait_for(rel, block):
+                    return False
+                hasher.update(view[off : off + BLOCK])
+        finally:
+            view.release()
+    return True
+
+
 def _verify_files(
     dest: Path, manifest: dict[str, Any], state: _Progress, verdict: dict[str, BaseException | None]
 ) -> None:
@@ -372,14 +385,8 @@ def _verify_files(
                 verdict[rel] = exc
             continue
         hasher = blake3.blake3()
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else nullcontext() as mm:
-            view = memoryview(mm) if size else memoryview(b"")
-            for block, off in enumerate(range(0, size, BLOCK)):
-                if not state.wait_for(rel, block):
-                    view.release()
-                    return
-                hasher.update(view[off : off + BLOCK])
-            view.release()
+        if size and not _hash_blocks(path, size, rel, state, hasher):
+            return
         got = hasher.hexdigest()
         verdict[rel] = (
             None

@@ -241,17 +241,24 @@ def _on_failure(rec: TaskRecord, model: Model | None) -> None:
             svc.status_message = f"stop failed: {message}"
 
 
-def apply_service_reports(node: str, reports: list[dict[str, Any]]) -> None:
-    """Health of a node's services from its heartbeat: a dead process marks its service `failed`."""
-    seen = {r.get("service_id"): r for r in reports if isinstance(r, dict)}
+def apply_service_reports(reports_by_node: dict[str, list[dict[str, Any]]]) -> None:
+    """Health of services from a batch of heartbeats (one query for the batch).
+
+    A dead process marks its service `failed`; so does a running service its node no longer knows.
+    """
+    if not reports_by_node:
+        return
     rows = db.session.scalars(
-        db.select(Service).where(Service.node == node, Service.status.in_(("running", "unhealthy")))
+        db.select(Service).where(Service.node.in_(list(reports_by_node)), Service.status.in_(("running", "unhealthy")))
     )
     for svc in rows:
+        seen = {r.get("service_id"): r for r in reports_by_node[svc.node] if isinstance(r, dict)}
         rep = seen.get(svc.id)
-        if rep is None:
-            continue
         svc.last_check_at = now()
+        if rep is None:
+            svc.status, svc.healthy, svc.stopped_at = "failed", False, now()
+            svc.status_message = f"{svc.node} no longer runs this service"
+            continue
         svc.healthy = bool(rep.get("healthy"))
         if not rep.get("alive"):
             svc.status, svc.status_message, svc.stopped_at = "failed", "the server process is gone", now()

@@ -136,11 +136,11 @@ def apply_heartbeats(entries: list[tuple[Any, dict[Any, Any]]]) -> int:
             }
         )
     db.session.execute(_upsert_statement(db.session.get_bind().dialect.name), rows)
-    for name, (_seen, data) in latest.items():
-        if data.get("services"):
-            from .operations import apply_service_reports
+    reports = {n: d["services"] for n, (_s, d) in latest.items() if isinstance(d.get("services"), list)}
+    if reports:
+        from .operations import apply_service_reports
 
-            apply_service_reports(name, data["services"])
+        apply_service_reports(reports)
     for name, gpus in gpu_changes.items():
         db.session.execute(db.delete(NodeGpu).where(NodeGpu.node_name == name))
         if gpus:

@@ -248,6 +248,12 @@ def run_supervised(
     finally:
         console.print("stopping ...")
         sup.stop()
+        if node:  # model servers outlive a worker restart by design, but not `gswarm up` itself
+            from gswarm_tasks.serving import ServiceRegistry
+
+            registry = ServiceRegistry(settings.effective_storage_root(node))
+            for entry in registry.entries():
+                registry.stop(entry["service_id"], timeout_s=10)
         console.print("stopped")
     if stop_reason and stop_reason[0] == "error":
         raise SystemExit(1)

@@ -125,6 +125,12 @@ class Fleet:
     def close(self) -> None:
         for p in reversed(list(self.procs.values())):
             p.stop()
+        from gswarm_tasks.serving import ServiceRegistry
+
+        for node in ("node1", "node2"):  # model servers outlive workers by design; not tests
+            reg = ServiceRegistry(self.storage(node))
+            for entry in reg.entries():
+                reg.stop(entry["service_id"], timeout_s=5)
         from gswarm_web.extensions import db
 
         db.session.remove()

@@ -3,6 +3,7 @@ tier moves, serving on CPU, and bad input refused with nothing written."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 from collections.abc import Iterator
@@ -243,3 +244,28 @@ def test_bad_input_is_refused_and_writes_nothing(fleet: Fleet, path: str, body: 
 def test_unknown_model_is_model_not_found(fleet: Fleet) -> None:
     code, body = fleet.post("/models/nope/download", {"target_device": "node1:disk"})
     assert code == 404 and body["error"]["code"] == "MODEL_NOT_FOUND"
+
+
+def test_restarted_node_rediscovers_its_service_and_marks_a_dead_one(fleet: Fleet, model_dir: Path) -> None:
+    fleet.register_and_download("minilm-rd", f"file://{model_dir}", device="node2:disk")
+    code, body = fleet.post("/services", {"model_name": "minilm-rd", "device": "node2:cpu"})
+    assert code == 202, body
+    sid = body["id"]
+    assert fleet.wait_task(body["task_id"], 180)["status"] == "succeeded"
+    svc = fleet.get(f"/services/{sid}")[1]
+
+    fleet.procs["node2"].kill_group(signal.SIGKILL)  # the worker dies; the server runs in its own session
+    fleet.start_node("node2")
+    checked = fleet.get(f"/services/{sid}/status")[1]["last_check_at"]
+    wait_for(
+        lambda: fleet.get(f"/services/{sid}/status")[1]["last_check_at"] != checked,
+        15,
+        "the restarted node to check the service again",
+    )
+    status = fleet.get(f"/services/{sid}/status")[1]
+    assert status["status"] == "running" and status["healthy"] is True
+    assert requests.get(f"{svc['url']}/health", timeout=5).status_code == 200
+
+    os.killpg(svc["pid"], signal.SIGKILL)
+    wait_for(lambda: fleet.get(f"/services/{sid}")[1]["status"] == "failed", 15, "the dead service marked failed")
+    assert "gone" in fleet.get(f"/services/{sid}")[1]["status_message"]
