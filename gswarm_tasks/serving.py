@@ -249,7 +249,14 @@ def server_argv(
         template = config.get("command") or command_template
         if not template:
             raise InvalidRequest("config.command: the command backend needs a template (or GSWARM_SERVE_COMMAND)")
-        values = {"path": str(model_path), "port": port, "host": host, "model": model_name, "device": device}
+        values = {
+            "path": str(model_path),
+            "port": port,
+            "host": host,
+            "model": model_name,
+            "device": device,
+            "python": sys.executable,
+        }
         try:
             return [part.format(**values) for part in shlex.split(str(template))]
         except (KeyError, IndexError, ValueError) as exc:

@@ -71,6 +71,16 @@ class Fleet:
         self.client: FlaskClient = self.app.test_client()
         self.procs: dict[str, Proc] = {}
 
+    def serve_http(self) -> str:
+        """Serve the API over real HTTP (for the CLI); returns its base URL."""
+        import threading
+
+        from werkzeug.serving import make_server
+
+        self.http = make_server("127.0.0.1", 0, self.app, threaded=True)
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.http.server_port}"
+
     def storage(self, node: str) -> Path:
         return self.home / "storage" / node
 
@@ -123,6 +133,8 @@ class Fleet:
         return task
 
     def close(self) -> None:
+        if getattr(self, "http", None) is not None:
+            self.http.shutdown()
         for p in reversed(list(self.procs.values())):
             p.stop()
         from gswarm_tasks.serving import ServiceRegistry

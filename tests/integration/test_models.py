@@ -269,3 +269,66 @@ def test_restarted_node_rediscovers_its_service_and_marks_a_dead_one(fleet: Flee
     os.killpg(svc["pid"], signal.SIGKILL)
     wait_for(lambda: fleet.get(f"/services/{sid}")[1]["status"] == "failed", 15, "the dead service marked failed")
     assert "gone" in fleet.get(f"/services/{sid}")[1]["status_message"]
+
+
+def test_delete_one_copy_then_the_whole_model(fleet: Fleet, model_dir: Path) -> None:
+    fleet.register_and_download("minilm-del", f"file://{model_dir}")
+    code, body = fleet.post("/models/minilm-del/copy", {"source_device": "node1:disk", "target_device": "node1:dram"})
+    assert fleet.wait_task(body["task_id"])["status"] == "succeeded"
+    code, task = fleet.api("DELETE", "/models/minilm-del/locations/node1:dram")
+    assert code == 202 and fleet.wait_task(task["task_id"])["status"] == "succeeded"
+    assert fleet.get("/models/minilm-del")[1]["locations"] == ["node1:disk"]
+    assert not (fleet.dram("node1") / "models" / "minilm-del").exists()
+    code, tasks = fleet.api("DELETE", "/models/minilm-del")
+    assert code == 202 and len(tasks) == 1
+    fleet.wait_task(tasks[0]["task_id"])
+    wait_for(lambda: fleet.get("/models/minilm-del")[0] == 404, 10, "the model to be gone")
+    assert not (fleet.storage("node1") / "models" / "minilm-del").exists()
+
+
+def test_command_backend_runs_a_configured_server(fleet: Fleet, model_dir: Path) -> None:
+    fleet.register_and_download("minilm-cmd", f"file://{model_dir}", device="node2:disk")
+    command = (
+        "{python} -m gswarm_tasks.model_server --model-path {path} --model-name {model} --host {host} "
+        "--port {port} --device {device}"
+    )
+    code, body = fleet.post(
+        "/services",
+        {"model_name": "minilm-cmd", "device": "node2:cpu", "config": {"backend": "command", "command": command}},
+    )
+    assert code == 202, body
+    assert fleet.wait_task(body["task_id"], 180)["status"] == "succeeded"
+    svc = fleet.get(f"/services/{body['id']}")[1]
+    assert svc["backend"] == "command" and svc["status"] == "running"
+    models = requests.get(f"{svc['url']}/v1/models", timeout=10).json()
+    assert models["data"][0]["id"] == "minilm-cmd"
+    code, stop = fleet.api("DELETE", f"/services/{body['id']}")
+    assert fleet.wait_task(stop["task_id"])["status"] == "succeeded"
+
+
+def test_cli_over_http(fleet: Fleet, model_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    url = fleet.serve_http()
+    env = {**fleet.env, "GSWARM_API_URL": url, "GSWARM_TOKEN": fleet.token}
+    gswarm = str(Path(sys.executable).with_name("gswarm"))
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([gswarm, *args], env=env, capture_output=True, text=True, timeout=120)
+
+    r = cli("model", "register", "minilm-cli", "--type", "embedding", "--source", f"file://{model_dir}")
+    assert r.returncode == 0, r.stderr
+    r = cli("model", "download", "minilm-cli", "--device", "disk", "--node", "node1")
+    assert r.returncode == 0 and "download succeeded" in r.stdout, r.stdout + r.stderr
+    r = cli("model", "copy", "minilm-cli", "--from", "node1:disk", "--to", "node2:disk")
+    assert r.returncode == 0 and "copy succeeded" in r.stdout, r.stdout + r.stderr
+    r = cli("model", "list", "--json")
+    listed = {m["model_name"]: m for m in __import__("json").loads(r.stdout)["models"]}
+    assert listed["minilm-cli"]["locations"] == ["node1:disk", "node2:disk"]
+    r = cli("model", "status", "minilm-cli")
+    assert "ready" in r.stdout and "node2:disk" in r.stdout
+    r = cli("model", "move", "minilm-cli", "--from", "disk", "--to", "gpu0", "--node", "node1")
+    assert r.returncode == 1 and "RESOURCE_UNAVAILABLE" in r.stderr and "Traceback" not in r.stderr
+    r = cli("model", "download", "minilm-cli", "--device", "disk")
+    assert r.returncode != 0 and "--node" in r.stderr
