@@ -54,11 +54,10 @@ def download(self: Task, op_id: str, model: str, source_url: str, tier: str = "d
         source = parse_source(source_url, settings.allowed_roots)
         rep.set_phase("downloading")
         staging.mkdir(parents=True, exist_ok=True)
-        meta = (
-            download_hf(source, staging, rep.progress)
-            if source.scheme == "hf"
-            else copy_local(source, staging, rep.progress)
-        )
+        if source.scheme == "hf":
+            meta = download_hf(source, staging, rep.progress, on_total=lambda n: rep.set_phase("downloading", total=n))
+        else:
+            meta = copy_local(source, staging, rep.progress)
         rep.set_phase("verifying", reset=True)
         manifest = build_manifest(staging, rep.progress)
         if "expected" in meta:

@@ -104,7 +104,9 @@ def _git_blob_sha1(path: Path) -> str:
     return h.hexdigest()
 
 
-def download_hf(source: Source, dest: Path, progress: Callable[[int], None], trust: bool = False) -> dict[str, Any]:
+def download_hf(
+    source: Source, dest: Path, progress: Callable[[int], None], on_total: Callable[[int], None] | None = None
+) -> dict[str, Any]:
     """Download a snapshot into `dest` with huggingface_hub, then check every file against the hub's tree.
 
     LFS files are checked by sha256, the others by their git blob id. Honors HF_ENDPOINT and HF_TOKEN.
@@ -124,6 +126,8 @@ def download_hf(source: Source, dest: Path, progress: Callable[[int], None], tru
             for f in api.list_repo_tree(source.repo_id, revision=commit, recursive=True)
             if hasattr(f, "size") and hasattr(f, "blob_id")
         }
+        if on_total is not None:
+            on_total(sum(int(f.size or 0) for f in tree.values()))
         # A private cache inside the staging directory: the shared one could satisfy files without a download.
         snapshot_download(
             source.repo_id,

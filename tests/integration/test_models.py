@@ -55,7 +55,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, hf: HfTestServer, model_dir:
 
 def test_hf_download_lands_on_disk_with_a_verified_manifest(fleet: Fleet, hf: HfTestServer, model_dir: Path) -> None:
     task = fleet.register_and_download("minilm", f"hf://{REPO}")
-    assert task["progress"]["done_bytes"] == task["progress"]["total_bytes"] or task["progress"]["total_bytes"] is None
+    assert task["progress"]["done_bytes"] == task["progress"]["total_bytes"] > 90_000_000
     assert ("GET", f"/{REPO}/resolve/{hf.commit(REPO)}/model.safetensors") in hf.requests
     code, model = fleet.get("/models/minilm")
     assert code == 200 and model["status"] == "ready" and model["locations"] == ["node1:disk"]
@@ -332,3 +332,15 @@ def test_cli_over_http(fleet: Fleet, model_dir: Path) -> None:
     assert r.returncode == 1 and "RESOURCE_UNAVAILABLE" in r.stderr and "Traceback" not in r.stderr
     r = cli("model", "download", "minilm-cli", "--device", "disk")
     assert r.returncode != 0 and "--node" in r.stderr
+
+
+def test_cross_node_move_copies_then_removes_the_source(fleet: Fleet, model_dir: Path) -> None:
+    fleet.register_and_download("minilm-xmv", f"file://{model_dir}")
+    code, body = fleet.post("/models/minilm-xmv/move", {"source_device": "node1:disk", "target_device": "node2:disk"})
+    assert code == 202 and body["kind"] == "move", body
+    assert fleet.wait_task(body["task_id"])["status"] == "succeeded"
+    wait_for(lambda: fleet.get("/models/minilm-xmv")[1]["locations"] == ["node2:disk"], 15, "the source removed")
+    assert not (fleet.storage("node1") / "models" / "minilm-xmv").exists()
+    assert sha256(fleet.storage("node2") / "models" / "minilm-xmv" / "model.safetensors") == sha256(
+        model_dir / "model.safetensors"
+    )
