@@ -41,6 +41,9 @@ def make_model(root: Path, size_mib: int) -> Path:
     return d
 
 
+NODE_TIMES: list[float] = []
+
+
 def run_copy(fleet: Fleet, body: dict[str, str]) -> float:
     t0 = time.perf_counter()
     code, task = fleet.post("/models/bench/copy", body)
@@ -50,6 +53,8 @@ def run_copy(fleet: Fleet, body: dict[str, str]) -> float:
         code, t = fleet.get(f"/queue/tasks/{task['task_id']}")
         if t["status"] == "failed":
             raise SystemExit(f"copy failed: {t['error']}")
+        if t["status"] == "succeeded":
+            NODE_TIMES.append(t["result"]["elapsed_s"])
         return bool(t["status"] == "succeeded")
 
     wait_for(done, 300, "the copy", interval=0.01)
@@ -71,7 +76,7 @@ def free_port() -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mib", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=6)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gswarm-bench-transfer-"))
     src = make_model(tmp / "src", args.size_mib)
@@ -88,15 +93,15 @@ def main() -> int:
         size = sum(p.stat().st_size for p in stored.rglob("*") if p.is_file() and not p.name.startswith(".gswarm"))
         subprocess.run(["cat", str(stored / "model.safetensors")], stdout=subprocess.DEVNULL, check=True)
 
-        local_g, local_cp = [], []
-        for _ in range(args.repeat):
-            local_g.append(run_copy(fleet, {"source_device": "node1:disk", "target_device": "node1:dram"}))
-            drop(fleet, "node1:dram")
-            dest = fleet.dram_base / "cp-baseline"
+        def timed_cp(dest: Path) -> float:
             t0 = time.perf_counter()
             subprocess.run(["cp", "-r", str(stored), str(dest)], check=True)
-            local_cp.append(time.perf_counter() - t0)
-            shutil.rmtree(dest)
+            return time.perf_counter() - t0
+
+        def timed_curl(out: Path) -> float:
+            t0 = time.perf_counter()
+            subprocess.run(["curl", "-sf", "-o", str(out), f"http://127.0.0.1:{port}/model.safetensors"], check=True)
+            return time.perf_counter() - t0
 
         port = free_port()
         server = subprocess.Popen(
@@ -112,15 +117,29 @@ def main() -> int:
             10,
             "http.server",
         )
-        remote_g, remote_curl = [], []
-        for _ in range(args.repeat):
-            remote_g.append(run_copy(fleet, {"source_device": "node1:disk", "target_device": "node2:disk"}))
-            drop(fleet, "node2:disk")
-            out = fleet.storage("node2") / "curl-baseline.bin"
-            t0 = time.perf_counter()
-            subprocess.run(["curl", "-sf", "-o", str(out), f"http://127.0.0.1:{port}/model.safetensors"], check=True)
-            remote_curl.append(time.perf_counter() - t0)
-            out.unlink()
+        # Alternate which side goes first, and flush dirty pages before every timed run, so that neither side
+        # pays for the other's writeback.
+        local_g, local_cp, remote_g, remote_curl = [], [], [], []
+        for i in range(args.repeat):
+            for side in (0, 1) if i % 2 == 0 else (1, 0):
+                os.sync()
+                if side == 0:
+                    local_g.append(run_copy(fleet, {"source_device": "node1:disk", "target_device": "node1:dram"}))
+                    drop(fleet, "node1:dram")
+                else:
+                    dest = fleet.dram_base / "cp-baseline"
+                    local_cp.append(timed_cp(dest))
+                    shutil.rmtree(dest)
+        for i in range(args.repeat):
+            for side in (0, 1) if i % 2 == 0 else (1, 0):
+                os.sync()
+                if side == 0:
+                    remote_g.append(run_copy(fleet, {"source_device": "node1:disk", "target_device": "node2:disk"}))
+                    drop(fleet, "node2:disk")
+                else:
+                    out = fleet.storage("node2") / "curl-baseline.bin"
+                    remote_curl.append(timed_curl(out))
+                    out.unlink()
 
         def row(name: str, ours: list[float], base: list[float], goal: float) -> dict[str, object]:
             g, b = statistics.median(ours), statistics.median(base)
@@ -141,7 +160,7 @@ def main() -> int:
             row("same-node disk->dram vs cp", local_g, local_cp, 0.9),
             row("cross-node copy vs curl", remote_g, remote_curl, 0.8),
         ]
-        print(json.dumps({"bytes": size, "repeat": args.repeat, "results": rows}, indent=2))
+        print(json.dumps({"bytes": size, "repeat": args.repeat, "results": rows, "node_side_s": NODE_TIMES}, indent=2))
         for r in rows:
             print(
                 f"{'PASS' if r['pass'] else 'MISS'} {r['case']}: ratio {r['ratio']} (goal >= {r['goal']}),"

@@ -114,8 +114,10 @@ def run_op(
         rep.event("succeeded", **result)
         return result
     rep.event("started", attempt=int(task.request.retries or 0) + 1, worker=task.request.hostname)
+    t0 = time.perf_counter()
     try:
         result = body(rep)
+        result["elapsed_s"] = round(time.perf_counter() - t0, 4)
     except retryable as exc:
         retries = int(task.request.retries or 0)
         if retries < (task.max_retries or 0):
