@@ -111,6 +111,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # In-memory beat schedule: the default shelve file would pickle.
         "beat_scheduler": "celery.beat:Scheduler",
         "beat_schedule": {
+            "gswarm-workflow-sweep": {
+                "task": "gswarm.control.workflow_sweep",
+                "schedule": 10.0,
+                "options": {"queue": defaults.CONTROL_QUEUE, "expires": 10.0},
+            },
             "gswarm-node-sweep": {
                 "task": "gswarm.control.sweep_nodes",
                 "schedule": max(1.0, settings.heartbeat_interval_s),

@@ -34,8 +34,11 @@ def redis_of(task: Task) -> redis.Redis:
 class Reporter:
     """Progress (bytes done / total, phase) for `GET /queue/tasks/{id}`, and events for the control worker."""
 
-    def __init__(self, task: Task, op_id: str, interval_s: float = 0.5) -> None:
+    def __init__(
+        self, task: Task, op_id: str, interval_s: float = 0.5, sink: Callable[[str, dict[str, Any]], None] | None = None
+    ) -> None:
         self.task = task
+        self.sink = sink
         self.op_id = op_id
         self.client = redis_of(task)
         self.done = 0
@@ -45,6 +48,9 @@ class Reporter:
         self._last = 0.0
 
     def event(self, event: str, **data: Any) -> None:
+        if self.sink is not None:
+            self.sink(event, data)
+            return
         self.task.app.send_task(
             "gswarm.control.task_event",
             args=[self.op_id, event, data],

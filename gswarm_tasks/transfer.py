@@ -25,7 +25,7 @@ import redis
 
 from .devices import file_path
 from .errors import InvalidRequest, NetworkError
-from .storage import VerificationError, check_file
+from .storage import MANIFEST_FILE, VerificationError, check_file
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,20 @@ class FileServer:
 
 
 # ---- pulling client -----------------------------------------------------------------------------------------
+
+
+def fetch_manifest(address: str, port: int, token: str, prefix: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """The manifest a peer keeps beside a model (`<prefix>/.gswarm-manifest.json`)."""
+    try:
+        c = http.client.HTTPConnection(address, port, timeout=timeout_s)
+        c.request("GET", "/files/" + quote(f"{prefix}/{MANIFEST_FILE}"), headers={"Authorization": f"Bearer {token}"})
+        resp = c.getresponse()
+        body = resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise NetworkError(f"cannot reach {address}:{port} for the manifest: {exc}") from exc
+    if resp.status != 200:
+        raise NetworkError(f"{address}:{port} answered {resp.status} for the manifest of {prefix}")
+    return dict(json.loads(body))
 
 
 class RateLimiter:

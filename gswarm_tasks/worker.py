@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import redis
-from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
+from billiard.exceptions import WorkerLostError
+from celery.exceptions import TimeLimitExceeded
+from celery.signals import celeryd_after_setup, task_failure, worker_ready, worker_shutdown
 
 from .celery_app import settings_of
 from .devices import NODE_NAME_RE, RESERVED_NODE_NAMES
 from .errors import TaskFailed
 from .node import Heartbeat, route_address
+from .recovery import restore_orphans
 from .serving import ServiceMonitor, ServiceRegistry
 from .storage import Tiers
 from .transfer import FileServer, transfer_secret
@@ -37,6 +41,7 @@ class NodeContext:
 
 _node: NodeContext | None = None
 _heartbeat: Heartbeat | None = None
+_started_at = 0.0
 _file_server: FileServer | None = None
 _monitor: ServiceMonitor | None = None
 
@@ -68,7 +73,8 @@ def resolve_node_name(configured: str | None, worker_name: str, queues: list[str
 
 @celeryd_after_setup.connect
 def _on_setup(sender: str, instance: Any, **_: Any) -> None:
-    global _node
+    global _node, _started_at
+    _started_at = time.time()
     app = instance.app
     settings = settings_of(app)
     queues = sorted(app.amqp.queues.consume_from or app.amqp.queues)
@@ -101,6 +107,10 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     if _node is None or _heartbeat is not None:
         return
     settings = settings_of(sender.app)
+    try:
+        restore_orphans(sender.app, _node.name, _started_at)
+    except Exception as exc:  # recovery is best effort; the visibility timeout remains the backstop
+        log.warning("could not requeue orphaned tasks of %s: %s", _node.name, exc)
     client = redis.Redis.from_url(settings.effective_redis_url, socket_timeout=5, socket_connect_timeout=5)
     roots = {"disk": _node.storage_root}
     if _node.dram_root.is_dir():
@@ -143,6 +153,27 @@ def _start_file_server(node: NodeContext, roots: dict[str, Path], client: Any, h
         remembered.write_text(str(server.port))
         return server.start()
     raise RuntimeError("no port for the file server")
+
+
+@task_failure.connect
+def _on_task_failure(sender: Any = None, task_id: str | None = None, exception: Any = None, args: Any = None,
+                     kwargs: Any = None, **_: Any) -> None:
+    """A task that died with its process (worker lost, hard time limit) cannot report itself: report it here."""
+    if not isinstance(exception, WorkerLostError | TimeLimitExceeded) or sender is None:
+        return
+    try:
+        if sender.name == "gswarm.node.workflow.step":
+            from .ops import redis_of
+            from .workflow_tasks import emit
+
+            spec = (args or [None])[0] or (kwargs or {}).get("spec")
+            emit(redis_of(sender), spec, "failed", error={"code": "TASK_FAILED", "message": repr(exception),
+                                                          "details": {}})
+        elif (kwargs or {}).get("op_id"):
+            sender.app.send_task("gswarm.control.task_event", args=[kwargs["op_id"], "failed", {"error": {
+                "code": "TASK_FAILED", "message": repr(exception), "details": {}}}], queue="control")
+    except Exception as exc:
+        log.warning("could not report the failure of %s: %s", task_id, exc)
 
 
 @worker_shutdown.connect

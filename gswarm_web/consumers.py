@@ -52,6 +52,7 @@ class StreamConsumer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.processed = 0
+        self._own_backlog = True  # first re-read what this consumer took before a restart and never acked
 
     def ensure_group(self) -> None:
         try:
@@ -68,7 +69,13 @@ class StreamConsumer:
 
     def poll_once(self, block_ms: int | None = None) -> int:
         """Claim stale entries or read new ones, handle them, ack them; returns how many were handled."""
-        entries = self._claim_stale()
+        entries: list[tuple[Any, dict[Any, Any]]] = []
+        if self._own_backlog:
+            res: Any = self.client.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=self.batch)
+            entries = [(eid, f) for eid, f in (res[0][1] if res else []) if f]
+            self._own_backlog = bool(entries)
+        if not entries:
+            entries = self._claim_stale()
         if not entries:
             res: Any = self.client.xreadgroup(
                 self.group,
@@ -97,6 +104,7 @@ class StreamConsumer:
                     self._stop.wait(max(0.0, self.min_interval_s - (time.monotonic() - began)))
                 failing = False
             except Exception as exc:  # keep consuming through Redis or database outages
+                self._own_backlog = True  # the failed batch is still pending for us: read it again
                 if not failing:
                     log.warning("consumer of %s failing, will retry: %s", self.stream, exc)
                 failing = True
@@ -115,6 +123,30 @@ class StreamConsumer:
             self.client.hdel(defaults.CONTROL_ALIVE_KEY, self.consumer)
         except redis.RedisError:
             pass
+
+
+def step_consumer(flask_app: Any, redis_url: str) -> StreamConsumer:
+    from gswarm_tasks.workflow_tasks import STEP_STREAM
+
+    from .workflows.engine import apply_step_events, resend_undispatched
+
+    def handle(entries: list[tuple[Any, dict[Any, Any]]]) -> None:
+        with flask_app.app_context():
+            try:
+                apply_step_events(entries)
+            except Exception:
+                from .extensions import db
+
+                db.session.rollback()
+                raise
+
+    with flask_app.app_context():
+        try:
+            resend_undispatched(0)
+        except Exception as exc:  # the beat sweep tries again
+            log.warning("resending undispatched steps failed: %s", exc)
+    client = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
+    return StreamConsumer(client, STEP_STREAM, "control", handle, batch=2000, block_ms=1000)
 
 
 def heartbeat_consumer(flask_app: Any, redis_url: str) -> StreamConsumer:
@@ -146,9 +178,12 @@ class ControlConsumersStep(bootsteps.StartStopStep):
         from .celery_app import flask_app
 
         settings = settings_of(worker.app)
-        self.consumers = [heartbeat_consumer(flask_app, settings.effective_redis_url)]
+        self.consumers = [
+            heartbeat_consumer(flask_app, settings.effective_redis_url),
+            step_consumer(flask_app, settings.effective_redis_url),
+        ]
         for c in self.consumers:
-            c.consumer = f"{worker.hostname}-{os.getpid()}"
+            c.consumer = worker.hostname  # stable: a restarted worker finds its own unacknowledged entries
             c.start()
         log.info("control consumers started: %s", ", ".join(c.stream for c in self.consumers))
 

@@ -34,3 +34,11 @@ def task_event(op_id: str, event: str, data: dict[str, Any]) -> None:
     from .operations import apply_event
 
     apply_event(op_id, event, data)
+
+
+@app.task(name="gswarm.control.workflow_sweep", base=ControlTask)
+def workflow_sweep() -> int:
+    """Send steps that were decided but never reached the broker (the dispatcher's outbox)."""
+    from .workflows.engine import resend_undispatched
+
+    return resend_undispatched()

@@ -157,8 +157,29 @@ class Service(db.Model):  # type: ignore[name-defined]
     model: Mapped[Model] = relationship(lazy="joined")
 
 
+class WorkflowRun(db.Model):  # type: ignore[name-defined]
+    """A submitted workflow; its steps are rows of `tasks` with this workflow_id."""
+
+    __tablename__ = "workflows"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    description: Mapped[str | None] = mapped_column(String(2000))
+    status: Mapped[str] = mapped_column(String(16), default="running", index=True)
+    fail_fast: Mapped[bool] = mapped_column(db.Boolean, default=False)
+    queue_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    document: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
 class TaskRecord(db.Model):  # type: ignore[name-defined]
-    """One operation sent to the fleet (its id is the Celery task id); live progress lives in Redis."""
+    """One operation sent to the fleet (its id is the Celery task id); live progress lives in Redis.
+
+    A workflow's steps are tasks too: `workflow_id`, `step_id`, `depends_on`, `segment` and `outputs` are set.
+    """
 
     __tablename__ = "tasks"
 
@@ -177,6 +198,15 @@ class TaskRecord(db.Model):  # type: ignore[name-defined]
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     progress_done_bytes: Mapped[int | None] = mapped_column(db.BigInteger)
     progress_total_bytes: Mapped[int | None] = mapped_column(db.BigInteger)
+    workflow_id: Mapped[str | None] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"), index=True)
+    step_id: Mapped[str | None] = mapped_column(String(64))
+    depends_on: Mapped[list[str] | None] = mapped_column(JSON)
+    segment: Mapped[int | None] = mapped_column(Integer)
+    position: Mapped[int | None] = mapped_column(Integer)
+    device: Mapped[str | None] = mapped_column(String(100))
+    exclusive: Mapped[list[str] | None] = mapped_column(JSON)
+    outputs: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    dispatched: Mapped[bool] = mapped_column(db.Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

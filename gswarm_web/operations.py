@@ -184,7 +184,7 @@ def apply_event(op_id: str, event: str, data: dict[str, Any]) -> None:
             return
         rec.state, rec.finished_at, rec.error = "succeeded", now(), None
         rec.result = {k: v for k, v in data.items() if k != "manifest"}
-        _on_success(rec, model, data)
+        record_model_result(rec, data)
     elif event == "failed":
         rec.state, rec.finished_at = "failed", now()
         rec.error = data.get("error") or {"code": "TASK_FAILED", "message": "failed", "details": {}}
@@ -192,7 +192,11 @@ def apply_event(op_id: str, event: str, data: dict[str, Any]) -> None:
     db.session.commit()
 
 
-def _on_success(rec: TaskRecord, model: Model | None, data: dict[str, Any]) -> None:
+def record_model_result(rec: TaskRecord, data: dict[str, Any]) -> None:
+    """What a finished model operation (a standalone task or a workflow step) changes: locations, services."""
+    model = db.session.scalar(db.select(Model).where(Model.name == rec.model_name)) if rec.model_name else None
+    params = dict(rec.params or {})
+    inner = dict(params.get("params") or {})  # a workflow step keeps its action's fields here
     if rec.kind in ("download", "copy", "move") and model is not None:
         if data.get("manifest") and (rec.kind == "download" or not model.manifest):
             model.manifest = data["manifest"]
@@ -200,29 +204,26 @@ def _on_success(rec: TaskRecord, model: Model | None, data: dict[str, Any]) -> N
         _upsert_location(model, data)
         if rec.kind == "move" and data.get("source_removed") and rec.source_device:
             _drop_location(model, rec.source_device)
-        if rec.kind == "move" and rec.params.get("cross_node") and not rec.params.get("keep_source"):
+        cross = params.get("cross_node") or bool((params.get("source") or {}).get("address"))
+        keep = params.get("keep_source", inner.get("keep_source", False))
+        if rec.kind == "move" and cross and not keep and rec.source_device:
             src = Device.parse(str(rec.source_device))
-            dispatch(
-                "delete",
-                str(src.node),
-                "gswarm.node.model.delete",
-                {"model": model.name, "tier": src.tier},
-                model=model,
-                source=str(src),
-            )
+            dispatch("delete", str(src.node), "gswarm.node.model.delete",
+                     {"model": model.name, "tier": src.tier}, model=model, source=str(src))
         settle_model_status(model)
     elif rec.kind == "delete" and model is not None:
-        _drop_location(model, str(rec.source_device))
+        device = rec.source_device or data.get("device")
+        _drop_location(model, str(device))
         settle_model_status(model)
         if model.status_message == "deleting" and not model.locations:
             db.session.delete(model)
     elif rec.kind == "serve":
         svc = db.session.get(Service, rec.service_id)
-        if svc is not None and svc.status == "starting":
+        if svc is not None and svc.status in ("starting", "pending"):
             svc.status, svc.pid, svc.port, svc.url = "running", data.get("pid"), data.get("port"), data.get("url")
             svc.started_at, svc.healthy, svc.last_check_at = now(), True, now()
-    elif rec.kind == "stop_serve":
-        svc = db.session.get(Service, rec.service_id)
+    elif rec.kind in ("stop_serve",):
+        svc = db.session.get(Service, rec.service_id or data.get("service_id"))
         if svc is not None:
             svc.status, svc.stopped_at = "stopped", now()
 

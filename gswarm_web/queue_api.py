@@ -71,3 +71,104 @@ class TaskById(MethodView):
         if rec is None:
             raise NotFound(f"no task {task_id!r}", {"task_id": task_id})
         return rec
+
+
+ACTIVE_STATES = ("pending", "queued", "running")
+ALL_STATES = ("pending", "queued", "running", "succeeded", "failed", "cancelled", "skipped")
+
+
+class TaskListArgsSchema(ma.Schema):
+    status = ma.fields.String(validate=ma.validate.OneOf(ALL_STATES))
+    node = ma.fields.String()
+    workflow_id = ma.fields.String()
+    kind = ma.fields.String()
+    page = ma.fields.Integer(load_default=1, validate=ma.validate.Range(min=1))
+    per_page = ma.fields.Integer(load_default=50, validate=ma.validate.Range(min=1, max=1000))
+
+
+class HistoryArgsSchema(ma.Schema):
+    limit = ma.fields.Integer(load_default=50, validate=ma.validate.Range(min=1, max=1000))
+    status = ma.fields.String(validate=ma.validate.OneOf(("succeeded", "failed", "cancelled", "skipped")))
+    since = ma.fields.DateTime(metadata={"description": "ISO 8601; only tasks that finished after it"})
+
+
+class TaskListSchema(ma.Schema):
+    tasks = ma.fields.List(ma.fields.Nested(TaskSchema))
+    total = ma.fields.Integer()
+    page = ma.fields.Integer()
+    per_page = ma.fields.Integer()
+
+
+@blp.route("/queue")
+class Queue(MethodView):
+    @blp.response(200)
+    def get(self) -> dict[str, Any]:
+        """Pending / running / completed counts per node and priority"""
+        rows = db.session.execute(
+            db.select(TaskRecord.node, TaskRecord.priority, TaskRecord.state, db.func.count()).group_by(
+                TaskRecord.node, TaskRecord.priority, TaskRecord.state))
+        per_node: dict[str, dict[str, dict[str, int]]] = {}
+        totals = {"pending": 0, "running": 0, "completed": 0, "failed": 0}
+        for node, priority, state, n in rows:
+            bucket = {"pending": "pending", "queued": "pending", "running": "running", "succeeded": "completed",
+                      "failed": "failed"}.get(state)
+            if bucket is None:
+                continue
+            cell = per_node.setdefault(node or "-", {}).setdefault(priority or "normal", {
+                "pending": 0, "running": 0, "completed": 0, "failed": 0})
+            cell[bucket] += int(n)
+            totals[bucket] += int(n)
+        return {"totals": totals, "nodes": per_node}
+
+
+@blp.route("/queue/tasks")
+class Tasks(MethodView):
+    @blp.arguments(TaskListArgsSchema, location="query")
+    @blp.response(200, TaskListSchema)
+    def get(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Tasks, newest first (filters: status, node, workflow_id, kind)"""
+        from .pagination import paginate
+
+        query = db.select(TaskRecord).order_by(TaskRecord.created_at.desc(), TaskRecord.id)
+        for key, col in (("status", TaskRecord.state), ("node", TaskRecord.node),
+                         ("workflow_id", TaskRecord.workflow_id), ("kind", TaskRecord.kind)):
+            if key in args:
+                query = query.where(col == args[key])
+        items, total = paginate(query, args["page"], args["per_page"])
+        return {"tasks": items, "total": total, "page": args["page"], "per_page": args["per_page"]}
+
+
+@blp.route("/queue/tasks/<string:task_id>/cancel")
+class TaskCancel(MethodView):
+    @blp.response(200, TaskSchema)
+    def post(self, task_id: str) -> TaskRecord:
+        """Cancel a pending or running task (a workflow step's dependents are skipped)"""
+        from gswarm_tasks.errors import NotFound
+
+        from .workflows.engine import cancel_task
+
+        rec = db.session.get(TaskRecord, task_id)
+        if rec is None:
+            raise NotFound(f"no task {task_id!r}", {"task_id": task_id})
+        cancel_task(rec)
+        return rec
+
+
+@blp.route("/queue/history")
+class History(MethodView):
+    @blp.arguments(HistoryArgsSchema, location="query")
+    @blp.response(200, TaskListSchema)
+    def get(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Finished tasks, most recent first (limit, status, since)"""
+        query = db.select(TaskRecord).where(TaskRecord.finished_at.is_not(None))
+        if "status" in args:
+            query = query.where(TaskRecord.state == args["status"])
+        if "since" in args:
+            since = args["since"]
+            if since.tzinfo is None:
+                from datetime import UTC
+
+                since = since.replace(tzinfo=UTC)
+            query = query.where(TaskRecord.finished_at >= since)
+        items = list(db.session.scalars(query.order_by(TaskRecord.finished_at.desc()).limit(args["limit"])))
+        return {"tasks": items, "total": len(items), "page": 1, "per_page": args["limit"]}

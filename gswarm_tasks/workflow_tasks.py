@@ -1,0 +1,195 @@
+"""The workflow step task: one action of a workflow, run where its device is.
+
+Steps of a linear stretch of the DAG travel as one Celery chain; a step reports started / succeeded /
+failed / cancelled into the `gswarm:steps` stream, which the control worker consumes to record state and
+start whatever became ready. Outputs go to Redis first, so a later step of the same chain can resolve
+`${step.field}` before the control worker has even seen the event. A step is idempotent by its task id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import time
+from typing import Any
+
+import redis
+import requests
+from celery import Task
+from celery.exceptions import Retry, SoftTimeLimitExceeded
+
+from .celery_app import NodeTask, app, settings_of
+from .devices import Device
+from .errors import GswarmError, InvalidRequest, NetworkError, TaskFailed
+from .locks import Cancelled, device_leases
+from .model_tasks import op_copy, op_delete, op_download, op_move, op_serve, op_stop
+from .ops import Reporter, error_dict, redis_of
+from .worker import require_node
+
+log = logging.getLogger(__name__)
+
+STEP_STREAM = "gswarm:steps"
+OUTPUTS_KEY = "gswarm:wf:{}:outputs"
+STEP_DONE_KEY = "gswarm:step-done:{}"
+CANCEL_WF_KEY = "gswarm:cancel:wf:{}"
+CANCEL_TASK_KEY = "gswarm:cancel:task:{}"
+KEEP_S = 7 * 24 * 3600
+REF_RE = re.compile(r"\$\{([^}]*)\}")
+
+
+def emit(client: redis.Redis, spec: dict[str, Any], event: str, **data: Any) -> None:
+    client.xadd(STEP_STREAM, {"task_id": spec["task_id"], "workflow_id": spec["workflow_id"], "event": event,
+                              "data": json.dumps(data), "time": repr(time.time())}, maxlen=1_000_000, approximate=True)
+
+
+def is_cancelled(client: redis.Redis, spec: dict[str, Any]) -> bool:
+    return bool(client.exists(CANCEL_WF_KEY.format(spec["workflow_id"]), CANCEL_TASK_KEY.format(spec["task_id"])))
+
+
+def resolve(value: Any, outputs: dict[str, dict[str, Any]]) -> Any:
+    """Replace `${step.field}` (and `${step.output.field}`) with recorded outputs; a whole-string reference
+    keeps the output's type."""
+    if isinstance(value, dict):
+        return {k: resolve(v, outputs) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve(v, outputs) for v in value]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def lookup(expr: str) -> Any:
+        parts = expr.strip().split(".")
+        step, fld = (parts[0], parts[-1]) if len(parts) in (2, 3) else (expr, "")
+        out = outputs.get(step)
+        if out is None or fld not in out:
+            raise InvalidRequest(f"${{{expr}}} has no value: {step} recorded {sorted(out or {})}",
+                                 {"reference": expr})
+        return out[fld]
+
+    whole = REF_RE.fullmatch(value)
+    if whole:
+        return lookup(whole.group(1))
+    return REF_RE.sub(lambda m: str(lookup(m.group(1))), value)
+
+
+def _tier(device: str) -> str:
+    return Device.parse(device).tier
+
+
+def _noop(self: Task, spec: dict[str, Any], p: dict[str, Any], client: redis.Redis) -> dict[str, Any]:
+    failures = int(p.get("fail_times", 0))
+    if int(self.request.retries or 0) < failures:
+        raise TaskFailed(f"noop asked to fail {failures} time(s)", {"attempt": int(self.request.retries or 0) + 1})
+    deadline = time.monotonic() + float(p.get("duration_s", 0))
+    while time.monotonic() < deadline:
+        if is_cancelled(client, spec):
+            raise Cancelled("cancelled while running")
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+    return dict(p.get("outputs") or {})
+
+
+def _health_check(p: dict[str, Any]) -> dict[str, Any]:
+    url = str(p["target_url"])
+    try:
+        r = requests.get(url, timeout=float(p.get("timeout", 10)))
+    except requests.RequestException as exc:
+        raise NetworkError(f"health check of {url} failed: {type(exc).__name__}", {"url": url}) from exc
+    want = int(p.get("expected_status", 200))
+    if r.status_code != want:
+        raise TaskFailed(f"health check of {url} answered {r.status_code}, expected {want}", {"url": url})
+    return {"status_code": r.status_code, "url": url, "output": url}
+
+
+def run_action(self: Task, spec: dict[str, Any], p: dict[str, Any], client: redis.Redis) -> dict[str, Any]:
+    atype = spec["action_type"]
+    if atype == "noop":
+        return _noop(self, spec, p, client)
+    if atype == "health_check":
+        return _health_check(p)
+    node = require_node()
+    settings = settings_of(self.app)
+    rep = Reporter(self, spec["task_id"], sink=lambda *_: None)
+    model = p["model_name"]
+    if atype == "download":
+        op = op_download(node, settings, spec["task_id"], model, p["source_url"], _tier(p["target_device"]))
+    elif atype == "copy" or (atype == "move" and spec.get("source")):
+        op = op_copy(node, settings, model, None, _tier(p["target_device"]), spec["source"], p.get("bandwidth_limit"))
+    elif atype == "move":
+        op = op_move(node, settings, spec["task_id"], model, None, _tier(p["source_device"]),
+                     _tier(p["target_device"]), bool(p.get("keep_source", False)))
+    elif atype == "delete":
+        op = op_delete(node, model, _tier(p["device"]))
+    elif atype == "serve":
+        cfg = dict(p.get("config") or {})
+        op = op_serve(node, settings, spec["service_id"], model, None, p["device"], p.get("port"),
+                      str(cfg.get("backend", "builtin")), cfg, bool(spec.get("trust_remote_code")))
+    elif atype == "stop_serve":
+        op = op_stop(node, p.get("service_id"), model, p.get("device"))
+    else:
+        raise InvalidRequest(f"action type {atype} cannot run yet", {"action_type": atype})
+    body, cleanup = op
+    try:
+        result = body(rep)
+    except BaseException:
+        if cleanup is not None:
+            cleanup()
+        raise
+    if atype == "serve":
+        result.update(service_url=result.get("url"), service_id=spec["service_id"], device=p["device"],
+                      output=result.get("url"))
+    elif "device" in result:
+        result.setdefault("output", result["device"])
+    return result
+
+
+@app.task(name="gswarm.node.workflow.step", base=NodeTask, bind=True)
+def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
+    """Run one workflow action; stop the rest of its chain when it fails or is cancelled."""
+    client = redis_of(self)
+    tid = spec["task_id"]
+    attempt = int(self.request.retries or 0) + 1
+    if is_cancelled(client, spec):
+        emit(client, spec, "cancelled", reason="cancelled before it started")
+        self.request.chain = None
+        return None
+    done = client.get(STEP_DONE_KEY.format(tid))
+    if done is not None:  # a redelivery of a finished step: report again, do nothing again
+        outputs = json.loads(done)
+        emit(client, spec, "succeeded", outputs=outputs, redelivered=True)
+        return dict(outputs)
+    emit(client, spec, "started", attempt=attempt, worker=self.request.hostname)
+    try:
+        outputs = client.hgetall(OUTPUTS_KEY.format(spec["workflow_id"]))
+        params = resolve(spec["params"], {k.decode(): json.loads(v) for k, v in outputs.items()})
+        with device_leases(client, spec.get("exclusive") or [], owner=tid, cancelled=lambda: is_cancelled(
+                client, spec)):
+            result = run_action(self, spec, params, client)
+    except Cancelled as exc:
+        emit(client, spec, "cancelled", reason=str(exc))
+        self.request.chain = None
+        return None
+    except Retry:
+        raise
+    except BaseException as exc:
+        permanent = isinstance(exc, InvalidRequest) or (isinstance(exc, GswarmError) and exc.status == 404)
+        retries = int(spec.get("retries", 0))
+        if not permanent and not isinstance(exc, SoftTimeLimitExceeded) and attempt <= retries:
+            base = float(spec.get("retry_backoff", 1.0))
+            countdown = min(300.0, base * 2 ** (attempt - 1)) * (0.5 + random.random())
+            emit(client, spec, "retrying", attempt=attempt, error=error_dict(exc), countdown_s=round(countdown, 3))
+            raise self.retry(exc=exc, countdown=countdown, max_retries=retries) from exc
+        emit(client, spec, "failed", attempt=attempt, error=error_dict(exc))
+        self.request.chain = None
+        raise
+    pipe = client.pipeline()
+    pipe.hset(OUTPUTS_KEY.format(spec["workflow_id"]), spec["step_id"], json.dumps(_public(result)))
+    pipe.expire(OUTPUTS_KEY.format(spec["workflow_id"]), KEEP_S)
+    pipe.set(STEP_DONE_KEY.format(tid), json.dumps(result), ex=KEEP_S)
+    pipe.execute()
+    emit(client, spec, "succeeded", outputs=result, attempt=attempt)
+    return _public(result)
+
+
+def _public(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in result.items() if k != "manifest"}

@@ -1,0 +1,1 @@
+"""Workflows: the YAML document, its validation, the DAG compiler and the dispatcher that runs it."""

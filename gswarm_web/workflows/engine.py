@@ -1,0 +1,376 @@
+"""Submitting, advancing and cancelling workflows: the dispatcher.
+
+Submission validates, persists every step (state `pending`) and sends the chains whose first step has
+nothing to wait for. Steps report into the `gswarm:steps` stream; `apply_step_events` (run by the
+control worker's stream consumer, batched) records their states and outputs, skips the dependents of a
+failed step, sends each chain whose first step became ready, and ends the workflow. Sending is an outbox:
+a step is marked `queued` in the same transaction that decides to send it, and `dispatched` after the
+broker took it, so a crash in between is repaired by `resend_undispatched`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from celery import chain
+from flask import current_app
+
+from gswarm_tasks import defaults
+from gswarm_tasks.devices import Device
+from gswarm_tasks.errors import InvalidRequest, NotFound
+from gswarm_tasks.transfer import sign_token, transfer_secret
+from gswarm_tasks.workflow_tasks import CANCEL_TASK_KEY, CANCEL_WF_KEY, KEEP_S
+
+from ..extensions import db
+from ..health import redis_client
+from ..models import Model, Node, Service, TaskRecord, WorkflowRun
+from ..operations import record_model_result, sender
+from .compiler import segments, step_device, step_queue
+from .spec import AVAILABLE, Workflow, validate
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("succeeded", "failed", "cancelled", "skipped")
+BAD = ("failed", "cancelled", "skipped")
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+# ---- submission ---------------------------------------------------------------------------------------------
+
+
+def submit(doc: dict[str, Any]) -> WorkflowRun:
+    """Validate, check against the fleet, persist, and start; nothing is created when anything is refused."""
+    settings = current_app.config["GSWARM_SETTINGS"]
+    wf = validate(doc, settings.task_timeout_s)
+    for a in wf.actions:
+        if a.type not in AVAILABLE:
+            raise InvalidRequest(
+                f"actions[{a.id}].action_type: {a.type} actions are not available on this control plane yet",
+                {"field": f"actions[{a.id}].action_type", "action_type": a.type},
+            )
+    nodes = {n.name: n for n in db.session.scalars(db.select(Node))}
+    for a in wf.actions:
+        q = step_queue(a)
+        if q != defaults.CONTROL_QUEUE and q not in nodes:
+            where = "node" if a.node == q and not step_device(a) else next(
+                (k for k in ("target_device", "device", "source_device") if k in a.params), "node")
+            raise NotFound(f"actions[{a.id}].{where}: node {q!r} is not registered",
+                           {"field": f"actions[{a.id}].{where}", "node": q})
+    run = WorkflowRun(id=str(uuid.uuid4()), name=wf.name, description=wf.description, status="running",
+                      fail_fast=wf.fail_fast, queue_config=wf.queue_config, document=doc, started_at=now())
+    db.session.add(run)
+    _register_models(wf)
+    rows = _step_rows(run, wf, nodes)
+    db.session.execute(db.insert(TaskRecord), rows)
+    db.session.flush()
+    sends = _advance(run, {r["id"]: _RowView(r) for r in rows})
+    db.session.commit()
+    _send(sends)
+    return run
+
+
+class _RowView:
+    """A dict-backed stand-in for a TaskRecord during submission (rows were bulk-inserted)."""
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        self.__dict__.update(row)
+
+
+def _register_models(wf: Workflow) -> None:
+    known = {m.name for m in db.session.scalars(db.select(Model))}
+    for a in wf.actions:
+        name = a.params.get("model_name")
+        if a.type not in ("download", "move", "copy", "delete", "serve", "stop_serve") or not isinstance(name, str):
+            continue
+        if name in known:
+            continue
+        if a.type == "download":
+            if not a.params.get("source_url"):
+                raise InvalidRequest(
+                    f"actions[{a.id}].source_url: {name} is not registered, so the download needs a source_url",
+                    {"field": f"actions[{a.id}].source_url"},
+                )
+            from gswarm_tasks.sources import parse_source
+
+            parse_source(a.params["source_url"], current_app.config["GSWARM_SETTINGS"].allowed_roots,
+                         f"actions[{a.id}].source_url")
+            db.session.add(Model(name=name, model_type=str(a.params.get("model_type") or "unknown"),
+                                 source_url=a.params["source_url"], locations=[]))
+            known.add(name)
+        elif not any(b.type == "download" and b.params.get("model_name") == name for b in wf.actions):
+            raise InvalidRequest(f"actions[{a.id}].model_name: {name} is not registered", {
+                "field": f"actions[{a.id}].model_name"})
+    db.session.flush()
+
+
+def _step_rows(run: WorkflowRun, wf: Workflow, nodes: dict[str, Node]) -> list[dict[str, Any]]:
+    settings = current_app.config["GSWARM_SETTINGS"]
+    models = {m.name: m for m in db.session.scalars(db.select(Model))}
+    rows = []
+    ttl = min(24 * 3600, settings.transfer_token_ttl_s + sum(a.timeout_s or settings.task_timeout_s
+                                                             for a in wf.actions))
+    for seg_no, seg in enumerate(segments(wf)):
+        for pos, a in enumerate(seg):
+            tid = str(uuid.uuid4())
+            params = dict(a.params)
+            model_name = params.get("model_name") if isinstance(params.get("model_name"), str) else None
+            if a.type == "download" and not params.get("source_url") and model_name in models:
+                params["source_url"] = models[model_name].source_url
+            extra: dict[str, Any] = {}
+            if a.type == "serve" and model_name in models:
+                sid = str(uuid.uuid4())
+                dev = Device.parse(params["device"])
+                db.session.add(Service(id=sid, model_id=models[model_name].id, node=str(dev.node), device=str(dev),
+                                       port=params.get("port"), backend=str((params.get("config") or {}).get(
+                                           "backend", "builtin")), config=params.get("config") or {},
+                                       status="pending"))
+                extra.update(service_id=sid, trust_remote_code=models[model_name].trust_remote_code)
+            if a.type in ("copy", "move") and "${" not in str(params.get("source_device")):
+                src, dst = Device.parse(params["source_device"]), Device.parse(params["target_device"])
+                if a.type == "copy" or src.node != dst.node:
+                    extra["source"] = _source(nodes, src, str(dst.node), str(model_name), ttl)
+            rows.append({
+                "id": tid, "kind": a.type, "state": "pending", "node": step_queue(a), "priority": a.priority,
+                "model_name": model_name, "service_id": extra.get("service_id"),
+                "source_device": params.get("source_device"), "target_device": params.get("target_device"),
+                "device": step_device(a),
+                "params": {"params": params, "retries": a.retries, "retry_backoff": a.retry_backoff,
+                           "timeout_s": a.timeout_s, **extra},
+                "workflow_id": run.id, "step_id": a.id, "depends_on": a.deps, "segment": seg_no, "position": pos,
+                "exclusive": a.exclusive, "attempts": 0, "dispatched": False, "created_at": now(),
+            })
+    return rows
+
+
+def _source(nodes: dict[str, Node], src: Device, dest_node: str, model: str, ttl: float) -> dict[str, Any]:
+    if src.node == dest_node:
+        return {"node": src.node, "tier": src.tier}
+    node = nodes[str(src.node)]
+    settings = current_app.config["GSWARM_SETTINGS"]
+    prefix = f"{src.tier}/models/{model}"
+    token = sign_token(transfer_secret(redis_client(), settings.transfer_secret), str(src.node), prefix, ttl)
+    return {"node": src.node, "tier": src.tier, "address": node.address, "port": node.file_port, "token": token,
+            "prefix": prefix}
+
+
+# ---- the dispatcher -----------------------------------------------------------------------------------------
+
+
+def _spec(run_id: str, step: Any) -> dict[str, Any]:
+    p = dict(step.params)
+    return {"task_id": step.id, "workflow_id": run_id, "step_id": step.step_id, "action_type": step.kind,
+            "params": p["params"], "retries": p.get("retries", 0), "retry_backoff": p.get("retry_backoff", 1.0),
+            "exclusive": step.exclusive or [], "service_id": p.get("service_id"), "source": p.get("source"),
+            "trust_remote_code": p.get("trust_remote_code", False)}
+
+
+def _signature(run_id: str, step: Any) -> Any:
+    from gswarm_tasks.celery_app import priority_value
+    from gswarm_tasks.workflow_tasks import step as step_task
+
+    opts: dict[str, Any] = {"queue": step.node, "routing_key": step.node, "task_id": step.id,
+                            "priority": priority_value(step.priority)}
+    timeout = step.params.get("timeout_s")
+    if timeout:
+        opts.update(soft_time_limit=float(timeout), time_limit=float(timeout) + 10)
+    return step_task.si(_spec(run_id, step)).set(**opts)
+
+
+def _advance(run: WorkflowRun, steps: dict[str, Any]) -> list[tuple[str, list[Any]]]:
+    """Skip what can no longer run, pick the chains that may start now, and end the workflow when it is done.
+
+    Returns the chains to send (after the caller commits)."""
+    by_step = {s.step_id: s for s in steps.values()}
+    changed = True
+    while changed:  # skipping propagates down the DAG
+        changed = False
+        for s in steps.values():
+            if s.state == "pending" and any(by_step[d].state in BAD for d in s.depends_on or []):
+                s.state, s.finished_at = "skipped", now()
+                _persist(s, state="skipped", finished_at=s.finished_at)
+                changed = True
+    sends: list[tuple[str, list[Any]]] = []
+    if run.status == "running":
+        by_segment: dict[int, list[Any]] = defaultdict(list)
+        for s in steps.values():
+            by_segment[int(s.segment or 0)].append(s)
+        limit = int((run.queue_config or {}).get("max_concurrent_tasks") or 0)
+        active = sum(1 for seg in by_segment.values() if any(x.state in ("queued", "running") for x in seg))
+        for seg_no in sorted(by_segment):
+            seg = sorted(by_segment[seg_no], key=lambda x: x.position or 0)
+            head = seg[0]
+            if head.state != "pending" or any(by_step[d].state != "succeeded" for d in head.depends_on or []):
+                continue
+            if limit and active >= limit:
+                break
+            for s in seg:
+                s.state = "queued"
+                _persist(s, state="queued")
+            sends.append((run.id, seg))
+            active += 1
+    states = {s.state for s in steps.values()}
+    if run.status == "running" and states <= set(TERMINAL):
+        run.status = "succeeded" if states == {"succeeded"} else (
+            "failed" if "failed" in states or "skipped" in states else "cancelled")
+        run.finished_at = now()
+    return sends
+
+
+def _persist(step: Any, **values: Any) -> None:
+    if isinstance(step, _RowView):
+        db.session.execute(db.update(TaskRecord).where(TaskRecord.id == step.id).values(**values))
+
+
+def _send(sends: list[tuple[str, list[Any]]]) -> None:
+    if not sends:
+        return
+    app = sender()
+    sent: list[str] = []
+    try:
+        with app.producer_or_acquire() as producer:
+            for run_id, seg in sends:
+                sigs = [_signature(run_id, s) for s in seg]
+                canvas = sigs[0] if len(sigs) == 1 else chain(*sigs)
+                canvas.apply_async(producer=producer)
+                sent.extend(s.id for s in seg)
+    finally:
+        if sent:
+            db.session.execute(db.update(TaskRecord).where(TaskRecord.id.in_(sent)).values(dispatched=True))
+            db.session.commit()
+
+
+def resend_undispatched(older_than_s: float = 5.0) -> int:
+    """Send again what was decided but never reached the broker (a crash between commit and send)."""
+    cutoff = now() - timedelta(seconds=older_than_s)
+    rows = list(db.session.scalars(db.select(TaskRecord).where(
+        TaskRecord.workflow_id.is_not(None), TaskRecord.state == "queued", TaskRecord.dispatched.is_(False),
+        TaskRecord.created_at < cutoff)))
+    by_seg: dict[tuple[str, int], list[TaskRecord]] = defaultdict(list)
+    for r in rows:
+        by_seg[(str(r.workflow_id), int(r.segment or 0))].append(r)
+    sends = [(wf, sorted(seg, key=lambda x: x.position or 0)) for (wf, _), seg in by_seg.items()]
+    _send(sends)
+    return len(rows)
+
+
+def apply_step_events(entries: list[tuple[Any, dict[Any, Any]]]) -> None:
+    """Apply a batch of step reports; one transaction for the batch, then send what became ready."""
+    events: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for _eid, fields in entries:
+        try:
+            f = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                 for k, v in fields.items()}
+            events[f["workflow_id"]].append({"task_id": f["task_id"], "event": f["event"],
+                                             "data": json.loads(f["data"]), "time": float(f["time"])})
+        except (KeyError, ValueError) as exc:
+            log.warning("dropping malformed step event: %s", exc)
+    sends: list[tuple[str, list[Any]]] = []
+    for wf_id, evs in events.items():
+        run = db.session.get(WorkflowRun, wf_id, with_for_update=True)
+        if run is None:
+            continue
+        steps = {s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == wf_id))}
+        failed = False
+        for ev in evs:
+            s = steps.get(ev["task_id"])
+            if s is not None:
+                failed |= _apply(s, ev)
+        if failed and run.fail_fast and run.status == "running":
+            cancel_workflow(run, steps, reason="fail_fast: a step failed")
+        sends.extend(_advance(run, steps))
+    db.session.commit()
+    _send(sends)
+
+
+def _apply(s: TaskRecord, ev: dict[str, Any]) -> bool:
+    """One event on one step; terminal states are final. Returns True when the step failed now."""
+    event, data = ev["event"], ev["data"]
+    at = datetime.fromtimestamp(ev["time"], UTC)
+    if s.state in TERMINAL:
+        return False
+    if event == "started":
+        s.state, s.started_at = "running", s.started_at or at
+        s.attempts = max(s.attempts or 0, int(data.get("attempt") or 1))
+    elif event == "retrying":
+        s.error = data.get("error")
+        s.attempts = max(s.attempts or 0, int(data.get("attempt") or 1))
+    elif event == "succeeded":
+        outputs = dict(data.get("outputs") or {})
+        s.state, s.finished_at, s.error = "succeeded", at, None
+        s.started_at = s.started_at or at
+        s.outputs = {k: v for k, v in outputs.items() if k != "manifest"}
+        s.result = s.outputs
+        if s.kind in ("download", "copy", "move", "delete", "serve", "stop_serve"):
+            record_model_result(s, outputs)
+    elif event == "failed":
+        s.state, s.finished_at, s.error = "failed", at, data.get("error")
+        s.attempts = max(s.attempts or 0, int(data.get("attempt") or 1))
+        if s.kind == "serve" and s.service_id:
+            svc = db.session.get(Service, s.service_id)
+            if svc is not None:
+                svc.status, svc.status_message = "failed", (s.error or {}).get("message")
+        return True
+    elif event == "cancelled":
+        s.state, s.finished_at = "cancelled", at
+    return False
+
+
+# ---- cancel -------------------------------------------------------------------------------------------------
+
+
+def cancel_workflow(run: WorkflowRun, steps: dict[str, TaskRecord] | None = None, reason: str = "cancelled") -> None:
+    """Pending steps never start, running ones are stopped; the mark lives in Redis, so it survives restarts."""
+    redis_client().set(CANCEL_WF_KEY.format(run.id), reason, ex=KEEP_S)
+    if steps is None:
+        steps = {s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id))}
+    running = []
+    for s in steps.values():
+        if s.state in ("pending", "queued", "running"):
+            if s.state in ("queued", "running"):
+                running.append(s.id)
+            s.state, s.finished_at = "cancelled", now()
+    if running:
+        try:
+            sender().control.revoke(running, terminate=True, signal="SIGTERM")
+        except Exception as exc:  # the Redis mark still stops them
+            log.warning("revoke of %d step(s) failed: %s", len(running), exc)
+    if run.status == "running":
+        run.status, run.finished_at = "cancelled", now()
+        run.error = {"code": "CONFLICT", "message": reason, "details": {}}
+
+
+def cancel_task(rec: TaskRecord) -> None:
+    """Cancel one task: a workflow step (its dependents are skipped) or a standalone operation."""
+    if rec.state not in ("pending", "queued", "running"):
+        raise InvalidRequest(f"task {rec.id} is already {rec.state}", {"state": rec.state})
+    redis_client().set(CANCEL_TASK_KEY.format(rec.id), "cancelled", ex=KEEP_S)
+    if rec.state in ("queued", "running"):
+        try:
+            sender().control.revoke(rec.id, terminate=True, signal="SIGTERM")
+        except Exception as exc:
+            log.warning("revoke of %s failed: %s", rec.id, exc)
+    rec.state, rec.finished_at = "cancelled", now()
+    if rec.workflow_id:
+        run = db.session.get(WorkflowRun, rec.workflow_id)
+        if run is not None:
+            steps = {s.id: s for s in db.session.scalars(db.select(TaskRecord).where(
+                TaskRecord.workflow_id == run.id))}
+            sends = _advance(run, steps)
+            db.session.commit()
+            _send(sends)
+            return
+    elif rec.model_name:
+        from ..operations import settle_model_status
+
+        model = db.session.scalar(db.select(Model).where(Model.name == rec.model_name))
+        if model is not None:
+            settle_model_status(model, f"{rec.kind} cancelled")
+    db.session.commit()
