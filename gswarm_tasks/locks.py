@@ -14,11 +14,17 @@ import redis
 
 LOCK_KEY = "gswarm:lock:device:{}"
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
-_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+_RENEW = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+)
 
 
 class Cancelled(Exception):
     """The step was cancelled while it waited or ran."""
+
+
+class LeaseBusy(Exception):
+    """Another step holds a device this one needs (only with wait=False)."""
 
 
 @contextmanager
@@ -29,6 +35,7 @@ def device_leases(
     lease_s: float = 10.0,
     poll_s: float = 0.05,
     cancelled: Callable[[], bool] | None = None,
+    wait: bool = True,
 ) -> Iterator[None]:
     """Hold every device in `devices` (taken in sorted order, so two steps cannot deadlock)."""
     held: list[str] = []
@@ -39,6 +46,8 @@ def device_leases(
             while not client.set(key, owner, nx=True, px=int(lease_s * 1000)):
                 if client.get(key) == owner.encode():  # our own lease from an earlier delivery
                     break
+                if not wait:
+                    raise LeaseBusy(dev)
                 if cancelled is not None and cancelled():
                     raise Cancelled(f"cancelled while waiting for {dev}")
                 time.sleep(poll_s)

@@ -40,8 +40,10 @@ Op = tuple[Callable[[Reporter], dict[str, Any]], Callable[[], None] | None]
 
 def _location(node: NodeContext, tier: str, model: str, manifest: dict[str, Any]) -> dict[str, Any]:
     return {
-        "device": f"{node.name}:{tier}", "path": str(node.tiers.model_dir(tier, model)),
-        "size_bytes": manifest["total_bytes"], "manifest": manifest,
+        "device": f"{node.name}:{tier}",
+        "path": str(node.tiers.model_dir(tier, model)),
+        "size_bytes": manifest["total_bytes"],
+        "manifest": manifest,
     }
 
 
@@ -88,8 +90,11 @@ def op_copy(
         local = source["node"] == node.name
         man = manifest
         if man is None:  # a workflow step: the manifest travels with the model, read it from the source
-            man = (read_manifest(node.tiers.model_dir(source["tier"], model)) if local else fetch_manifest(
-                source["address"], int(source["port"]), source["token"], source["prefix"]))
+            man = (
+                read_manifest(node.tiers.model_dir(source["tier"], model))
+                if local
+                else fetch_manifest(source["address"], int(source["port"]), source["token"], source["prefix"])
+            )
             if man is None:
                 raise NotFound(f"{model} is not on {source['node']}:{source['tier']}", {"model": model})
         final = node.tiers.model_dir(target_tier, model)
@@ -103,8 +108,15 @@ def op_copy(
             copy_tree_verified(node.tiers.model_dir(source["tier"], model), staging, man, rep.progress)
         else:
             fetched = pull_files(
-                source["address"], int(source["port"]), source["token"], source["prefix"], man, staging,
-                streams=settings.transfer_streams, bandwidth_limit=bandwidth_limit, progress=rep.progress,
+                source["address"],
+                int(source["port"]),
+                source["token"],
+                source["prefix"],
+                man,
+                staging,
+                streams=settings.transfer_streams,
+                bandwidth_limit=bandwidth_limit,
+                progress=rep.progress,
             )
         rep.set_phase("verifying")
         write_manifest(staging, man)
@@ -151,11 +163,26 @@ def op_move(
             man = manifest_now()
             rep.set_phase("moving", total=int(man["total_bytes"]))
             port = pick_port(node.address, settings.serve_port_start + 1000, set())
-            argv = [sys.executable, "-m", "gswarm_tasks.gpu_holder", "--model-path", str(src_dir), "--device",
-                    f"cuda:{target.gpu_index}", "--host", node.address, "--port", str(port)]
+            argv = [
+                sys.executable,
+                "-m",
+                "gswarm_tasks.gpu_holder",
+                "--model-path",
+                str(src_dir),
+                "--device",
+                f"cuda:{target.gpu_index}",
+                "--host",
+                node.address,
+                "--port",
+                str(port),
+            ]
             entry = node.services.start(
-                f"gpu-{model}-{target_tier}", argv, node.address, port,
-                {"kind": "gpu", "model": model, "device": str(target)}, settings.serve_ready_timeout_s,
+                f"gpu-{model}-{target_tier}",
+                argv,
+                node.address,
+                port,
+                {"kind": "gpu", "model": model, "device": str(target)},
+                settings.serve_ready_timeout_s,
             )
             return {"device": str(target), "path": None, "size_bytes": man["total_bytes"], "pid": entry["pid"]}
 
@@ -220,12 +247,24 @@ def op_serve(
             raise ResourceUnavailable(f"port {port} is in use on {node.name}", {"field": "port", "port": port})
         chosen = port if port is not None else pick_port(node.address, settings.serve_port_start, taken)
         argv = server_argv(
-            backend, node.tiers.model_dir(use_tier, model), model, node.address, chosen,
-            f"cuda:{dev.gpu_index}" if dev.is_gpu else "cpu", config, settings.serve_command, trust_remote_code,
+            backend,
+            node.tiers.model_dir(use_tier, model),
+            model,
+            node.address,
+            chosen,
+            f"cuda:{dev.gpu_index}" if dev.is_gpu else "cpu",
+            config,
+            settings.serve_command,
+            trust_remote_code,
         )
         entry = node.services.start(
-            service_id, argv, node.address, chosen, {"kind": "model", "model": model, "device": device},
-            settings.serve_ready_timeout_s, env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+            service_id,
+            argv,
+            node.address,
+            chosen,
+            {"kind": "model", "model": model, "device": device},
+            settings.serve_ready_timeout_s,
+            env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         )
         return {"pid": entry["pid"], "port": chosen, "url": entry["url"]}
 
@@ -243,15 +282,25 @@ def op_stop(node: NodeContext, service_id: str | None, model: str | None = None,
     def body(rep: Reporter) -> dict[str, Any]:
         sid = service_id
         if sid is None:  # find it by model and device, as a workflow names it
-            sid = next((e["service_id"] for e in node.services.entries()
-                        if e.get("kind") == "model" and e.get("model") == model and e.get("device") == device), None)
+            sid = next(
+                (
+                    e["service_id"]
+                    for e in node.services.entries()
+                    if e.get("kind") == "model" and e.get("model") == model and e.get("device") == device
+                ),
+                None,
+            )
             if sid is None:
                 raise NotFound(f"no service of {model} on {device}", {"model": model, "device": device})
         entry = node.services.get(sid)
         was_running = node.services.stop(sid)
         port = entry.get("port") if entry else None
-        return {"service_id": sid, "stopped": was_running, "port": port,
-                "port_free": port is None or port_free(node.address, port)}
+        return {
+            "service_id": sid,
+            "stopped": was_running,
+            "port": port,
+            "port_free": port is None or port_free(node.address, port),
+        }
 
     return body, None
 
@@ -317,8 +366,9 @@ def serve(
     trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     """Start a model server on this node and wait until it answers /health."""
-    op = op_serve(require_node(), settings_of(self.app), service_id, model, tier, device, port, backend, config,
-                  trust_remote_code)
+    op = op_serve(
+        require_node(), settings_of(self.app), service_id, model, tier, device, port, backend, config, trust_remote_code
+    )
     return _run(self, op_id, op)
 
 

@@ -156,8 +156,14 @@ def _start_file_server(node: NodeContext, roots: dict[str, Path], client: Any, h
 
 
 @task_failure.connect
-def _on_task_failure(sender: Any = None, task_id: str | None = None, exception: Any = None, args: Any = None,
-                     kwargs: Any = None, **_: Any) -> None:
+def _on_task_failure(
+    sender: Any = None,
+    task_id: str | None = None,
+    exception: Any = None,
+    args: Any = None,
+    kwargs: Any = None,
+    **_: Any,
+) -> None:
     """A task that died with its process (worker lost, hard time limit) cannot report itself: report it here."""
     if not isinstance(exception, WorkerLostError | TimeLimitExceeded) or sender is None:
         return
@@ -167,11 +173,22 @@ def _on_task_failure(sender: Any = None, task_id: str | None = None, exception: 
             from .workflow_tasks import emit
 
             spec = (args or [None])[0] or (kwargs or {}).get("spec")
-            emit(redis_of(sender), spec, "failed", error={"code": "TASK_FAILED", "message": repr(exception),
-                                                          "details": {}})
+            emit(
+                redis_of(sender),
+                spec,
+                "failed",
+                error={"code": "TASK_FAILED", "message": repr(exception), "details": {}},
+            )
         elif (kwargs or {}).get("op_id"):
-            sender.app.send_task("gswarm.control.task_event", args=[kwargs["op_id"], "failed", {"error": {
-                "code": "TASK_FAILED", "message": repr(exception), "details": {}}}], queue="control")
+            sender.app.send_task(
+                "gswarm.control.task_event",
+                args=[
+                    kwargs["op_id"],
+                    "failed",
+                    {"error": {"code": "TASK_FAILED", "message": repr(exception), "details": {}}},
+                ],
+                queue="control",
+            )
     except Exception as exc:
         log.warning("could not report the failure of %s: %s", task_id, exc)
 

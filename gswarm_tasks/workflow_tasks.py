@@ -18,12 +18,12 @@ from typing import Any
 import redis
 import requests
 from celery import Task
-from celery.exceptions import Retry, SoftTimeLimitExceeded
+from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 
 from .celery_app import NodeTask, app, settings_of
 from .devices import Device
 from .errors import GswarmError, InvalidRequest, NetworkError, TaskFailed
-from .locks import Cancelled, device_leases
+from .locks import Cancelled, LeaseBusy, device_leases
 from .model_tasks import op_copy, op_delete, op_download, op_move, op_serve, op_stop
 from .ops import Reporter, error_dict, redis_of
 from .worker import require_node
@@ -39,9 +39,19 @@ KEEP_S = 7 * 24 * 3600
 REF_RE = re.compile(r"\$\{([^}]*)\}")
 
 
-def emit(client: redis.Redis, spec: dict[str, Any], event: str, **data: Any) -> None:
-    client.xadd(STEP_STREAM, {"task_id": spec["task_id"], "workflow_id": spec["workflow_id"], "event": event,
-                              "data": json.dumps(data), "time": repr(time.time())}, maxlen=1_000_000, approximate=True)
+def emit(client: redis.Redis, spec: dict[str, Any], event: str, at: float | None = None, **data: Any) -> None:
+    client.xadd(
+        STEP_STREAM,
+        {
+            "task_id": spec["task_id"],
+            "workflow_id": spec["workflow_id"],
+            "event": event,
+            "data": json.dumps(data),
+            "time": repr(at or time.time()),
+        },
+        maxlen=1_000_000,
+        approximate=True,
+    )
 
 
 def is_cancelled(client: redis.Redis, spec: dict[str, Any]) -> bool:
@@ -63,8 +73,7 @@ def resolve(value: Any, outputs: dict[str, dict[str, Any]]) -> Any:
         step, fld = (parts[0], parts[-1]) if len(parts) in (2, 3) else (expr, "")
         out = outputs.get(step)
         if out is None or fld not in out:
-            raise InvalidRequest(f"${{{expr}}} has no value: {step} recorded {sorted(out or {})}",
-                                 {"reference": expr})
+            raise InvalidRequest(f"${{{expr}}} has no value: {step} recorded {sorted(out or {})}", {"reference": expr})
         return out[fld]
 
     whole = REF_RE.fullmatch(value)
@@ -116,14 +125,32 @@ def run_action(self: Task, spec: dict[str, Any], p: dict[str, Any], client: redi
     elif atype == "copy" or (atype == "move" and spec.get("source")):
         op = op_copy(node, settings, model, None, _tier(p["target_device"]), spec["source"], p.get("bandwidth_limit"))
     elif atype == "move":
-        op = op_move(node, settings, spec["task_id"], model, None, _tier(p["source_device"]),
-                     _tier(p["target_device"]), bool(p.get("keep_source", False)))
+        op = op_move(
+            node,
+            settings,
+            spec["task_id"],
+            model,
+            None,
+            _tier(p["source_device"]),
+            _tier(p["target_device"]),
+            bool(p.get("keep_source", False)),
+        )
     elif atype == "delete":
         op = op_delete(node, model, _tier(p["device"]))
     elif atype == "serve":
         cfg = dict(p.get("config") or {})
-        op = op_serve(node, settings, spec["service_id"], model, None, p["device"], p.get("port"),
-                      str(cfg.get("backend", "builtin")), cfg, bool(spec.get("trust_remote_code")))
+        op = op_serve(
+            node,
+            settings,
+            spec["service_id"],
+            model,
+            None,
+            p["device"],
+            p.get("port"),
+            str(cfg.get("backend", "builtin")),
+            cfg,
+            bool(spec.get("trust_remote_code")),
+        )
     elif atype == "stop_serve":
         op = op_stop(node, p.get("service_id"), model, p.get("device"))
     else:
@@ -136,8 +163,9 @@ def run_action(self: Task, spec: dict[str, Any], p: dict[str, Any], client: redi
             cleanup()
         raise
     if atype == "serve":
-        result.update(service_url=result.get("url"), service_id=spec["service_id"], device=p["device"],
-                      output=result.get("url"))
+        result.update(
+            service_url=result.get("url"), service_id=spec["service_id"], device=p["device"], output=result.get("url")
+        )
     elif "device" in result:
         result.setdefault("output", result["device"])
     return result
@@ -158,18 +186,25 @@ def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
         outputs = json.loads(done)
         emit(client, spec, "succeeded", outputs=outputs, redelivered=True)
         return dict(outputs)
-    emit(client, spec, "started", attempt=attempt, worker=self.request.hostname)
     try:
         outputs = client.hgetall(OUTPUTS_KEY.format(spec["workflow_id"]))
         params = resolve(spec["params"], {k.decode(): json.loads(v) for k, v in outputs.items()})
-        with device_leases(client, spec.get("exclusive") or [], owner=tid, cancelled=lambda: is_cancelled(
-                client, spec)):
+        # A step that waits for its device is not running yet: it reports `started` once it holds it.
+        with device_leases(client, spec.get("exclusive") or [], owner=tid, wait=False):
+            emit(client, spec, "started", attempt=attempt, worker=self.request.hostname)
             result = run_action(self, spec, params, client)
+            finished_at = time.time()  # still holding the devices: the next holder starts after this
     except Cancelled as exc:
         emit(client, spec, "cancelled", reason=str(exc))
         self.request.chain = None
         return None
-    except Retry:
+    except LeaseBusy:
+        # The device is busy: give the worker slot back and come back shortly, same id, same chain, same
+        # retry count (waiting is not a failure), far under the visibility timeout.
+        self.signature_from_request(countdown=0.05 + random.random() * 0.2).apply_async()
+        self.request.chain = None
+        raise Ignore() from None
+    except (Retry, Ignore):
         raise
     except BaseException as exc:
         permanent = isinstance(exc, InvalidRequest) or (isinstance(exc, GswarmError) and exc.status == 404)
@@ -178,7 +213,7 @@ def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
             base = float(spec.get("retry_backoff", 1.0))
             countdown = min(300.0, base * 2 ** (attempt - 1)) * (0.5 + random.random())
             emit(client, spec, "retrying", attempt=attempt, error=error_dict(exc), countdown_s=round(countdown, 3))
-            raise self.retry(exc=exc, countdown=countdown, max_retries=retries) from exc
+            raise self.retry(exc=exc, countdown=countdown, max_retries=None) from exc
         emit(client, spec, "failed", attempt=attempt, error=error_dict(exc))
         self.request.chain = None
         raise
@@ -187,7 +222,7 @@ def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
     pipe.expire(OUTPUTS_KEY.format(spec["workflow_id"]), KEEP_S)
     pipe.set(STEP_DONE_KEY.format(tid), json.dumps(result), ex=KEEP_S)
     pipe.execute()
-    emit(client, spec, "succeeded", outputs=result, attempt=attempt)
+    emit(client, spec, "succeeded", at=finished_at, outputs=result, attempt=attempt)
     return _public(result)
 
 

@@ -50,10 +50,10 @@ def flask_config(settings: Settings) -> dict[str, Any]:
 def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     """Build the control-plane app from settings (default: loaded from config file and environment)."""
     from . import health, models_api, nodes, queue_api, services_api, tokens
-    from .workflows import api as workflows_api
     from .auth import init_auth
     from .errors import register_error_handlers
     from .extensions import api, db
+    from .workflows import api as workflows_api
 
     settings = config if isinstance(config, Settings) else load_settings()
     app = Flask(__name__)
@@ -71,8 +71,7 @@ def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     app.extensions["gswarm_api"] = api
     register_error_handlers(app)
     init_auth(app)
-    for blp in (health.blp, nodes.blp, models_api.blp, services_api.blp, workflows_api.blp, queue_api.blp,
-                tokens.blp):
+    for blp in (health.blp, nodes.blp, models_api.blp, services_api.blp, workflows_api.blp, queue_api.blp, tokens.blp):
         api.register_blueprint(blp)
     return app
 

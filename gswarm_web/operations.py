@@ -208,8 +208,14 @@ def record_model_result(rec: TaskRecord, data: dict[str, Any]) -> None:
         keep = params.get("keep_source", inner.get("keep_source", False))
         if rec.kind == "move" and cross and not keep and rec.source_device:
             src = Device.parse(str(rec.source_device))
-            dispatch("delete", str(src.node), "gswarm.node.model.delete",
-                     {"model": model.name, "tier": src.tier}, model=model, source=str(src))
+            dispatch(
+                "delete",
+                str(src.node),
+                "gswarm.node.model.delete",
+                {"model": model.name, "tier": src.tier},
+                model=model,
+                source=str(src),
+            )
         settle_model_status(model)
     elif rec.kind == "delete" and model is not None:
         device = rec.source_device or data.get("device")

@@ -106,16 +106,24 @@ class Queue(MethodView):
         """Pending / running / completed counts per node and priority"""
         rows = db.session.execute(
             db.select(TaskRecord.node, TaskRecord.priority, TaskRecord.state, db.func.count()).group_by(
-                TaskRecord.node, TaskRecord.priority, TaskRecord.state))
+                TaskRecord.node, TaskRecord.priority, TaskRecord.state
+            )
+        )
         per_node: dict[str, dict[str, dict[str, int]]] = {}
         totals = {"pending": 0, "running": 0, "completed": 0, "failed": 0}
         for node, priority, state, n in rows:
-            bucket = {"pending": "pending", "queued": "pending", "running": "running", "succeeded": "completed",
-                      "failed": "failed"}.get(state)
+            bucket = {
+                "pending": "pending",
+                "queued": "pending",
+                "running": "running",
+                "succeeded": "completed",
+                "failed": "failed",
+            }.get(state)
             if bucket is None:
                 continue
-            cell = per_node.setdefault(node or "-", {}).setdefault(priority or "normal", {
-                "pending": 0, "running": 0, "completed": 0, "failed": 0})
+            cell = per_node.setdefault(node or "-", {}).setdefault(
+                priority or "normal", {"pending": 0, "running": 0, "completed": 0, "failed": 0}
+            )
             cell[bucket] += int(n)
             totals[bucket] += int(n)
         return {"totals": totals, "nodes": per_node}
@@ -130,8 +138,12 @@ class Tasks(MethodView):
         from .pagination import paginate
 
         query = db.select(TaskRecord).order_by(TaskRecord.created_at.desc(), TaskRecord.id)
-        for key, col in (("status", TaskRecord.state), ("node", TaskRecord.node),
-                         ("workflow_id", TaskRecord.workflow_id), ("kind", TaskRecord.kind)):
+        for key, col in (
+            ("status", TaskRecord.state),
+            ("node", TaskRecord.node),
+            ("workflow_id", TaskRecord.workflow_id),
+            ("kind", TaskRecord.kind),
+        ):
             if key in args:
                 query = query.where(col == args[key])
         items, total = paginate(query, args["page"], args["per_page"])

@@ -53,8 +53,11 @@ class WorkflowSchema(ma.Schema):
     step_counts = ma.fields.Method("get_counts")
 
     def get_counts(self, run: WorkflowRun) -> dict[str, int]:
-        rows = db.session.execute(db.select(TaskRecord.state, db.func.count()).where(
-            TaskRecord.workflow_id == run.id).group_by(TaskRecord.state))
+        rows = db.session.execute(
+            db.select(TaskRecord.state, db.func.count())
+            .where(TaskRecord.workflow_id == run.id)
+            .group_by(TaskRecord.state)
+        )
         return {state: int(n) for state, n in rows}
 
 
@@ -62,8 +65,11 @@ class WorkflowDetailSchema(WorkflowSchema):
     steps = ma.fields.Method("get_steps")
 
     def get_steps(self, run: WorkflowRun) -> list[dict[str, Any]]:
-        rows = db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id).order_by(
-            TaskRecord.segment, TaskRecord.position))
+        rows = db.session.scalars(
+            db.select(TaskRecord)
+            .where(TaskRecord.workflow_id == run.id)
+            .order_by(TaskRecord.segment, TaskRecord.position)
+        )
         return StepSchema(many=True).dump(list(rows))  # type: ignore[no-any-return]
 
 
@@ -114,10 +120,17 @@ class Workflows(MethodView):
         return {"workflows": items, "total": total, "page": args["page"], "per_page": args["per_page"]}
 
     @blp.response(201, WorkflowDetailSchema)
-    @blp.doc(requestBody={"content": {"application/yaml": {"schema": {"type": "string"}},
-                                      "application/json": {"schema": {"type": "object"}},
-                                      "multipart/form-data": {"schema": {"type": "object", "properties": {
-                                          "file": {"type": "string", "format": "binary"}}}}}})
+    @blp.doc(
+        requestBody={
+            "content": {
+                "application/yaml": {"schema": {"type": "string"}},
+                "application/json": {"schema": {"type": "object"}},
+                "multipart/form-data": {
+                    "schema": {"type": "object", "properties": {"file": {"type": "string", "format": "binary"}}}
+                },
+            }
+        }
+    )
     def post(self) -> WorkflowRun:
         """Submit a workflow (YAML, JSON or a multipart `file`); 422 names the action and field"""
         return submit(read_document())
@@ -149,8 +162,10 @@ class WorkflowGraph(MethodView):
         """Nodes and edges with their states, for drawing"""
         run = get_run(workflow_id)
         steps = list(db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id)))
-        nodes = [{"id": s.step_id, "type": s.kind, "state": s.state, "node": s.node, "device": s.device,
-                  "chain": s.segment} for s in steps]
+        nodes = [
+            {"id": s.step_id, "type": s.kind, "state": s.state, "node": s.node, "device": s.device, "chain": s.segment}
+            for s in steps
+        ]
         edges = [{"from": d, "to": s.step_id} for s in steps for d in (s.depends_on or [])]
         return {"workflow_id": run.id, "status": run.status, "nodes": nodes, "edges": edges}
 

@@ -60,12 +60,25 @@ def submit(doc: dict[str, Any]) -> WorkflowRun:
     for a in wf.actions:
         q = step_queue(a)
         if q != defaults.CONTROL_QUEUE and q not in nodes:
-            where = "node" if a.node == q and not step_device(a) else next(
-                (k for k in ("target_device", "device", "source_device") if k in a.params), "node")
-            raise NotFound(f"actions[{a.id}].{where}: node {q!r} is not registered",
-                           {"field": f"actions[{a.id}].{where}", "node": q})
-    run = WorkflowRun(id=str(uuid.uuid4()), name=wf.name, description=wf.description, status="running",
-                      fail_fast=wf.fail_fast, queue_config=wf.queue_config, document=doc, started_at=now())
+            where = (
+                "node"
+                if a.node == q and not step_device(a)
+                else next((k for k in ("target_device", "device", "source_device") if k in a.params), "node")
+            )
+            raise NotFound(
+                f"actions[{a.id}].{where}: node {q!r} is not registered",
+                {"field": f"actions[{a.id}].{where}", "node": q},
+            )
+    run = WorkflowRun(
+        id=str(uuid.uuid4()),
+        name=wf.name,
+        description=wf.description,
+        status="running",
+        fail_fast=wf.fail_fast,
+        queue_config=wf.queue_config,
+        document=doc,
+        started_at=now(),
+    )
     db.session.add(run)
     _register_models(wf)
     rows = _step_rows(run, wf, nodes)
@@ -100,14 +113,24 @@ def _register_models(wf: Workflow) -> None:
                 )
             from gswarm_tasks.sources import parse_source
 
-            parse_source(a.params["source_url"], current_app.config["GSWARM_SETTINGS"].allowed_roots,
-                         f"actions[{a.id}].source_url")
-            db.session.add(Model(name=name, model_type=str(a.params.get("model_type") or "unknown"),
-                                 source_url=a.params["source_url"], locations=[]))
+            parse_source(
+                a.params["source_url"],
+                current_app.config["GSWARM_SETTINGS"].allowed_roots,
+                f"actions[{a.id}].source_url",
+            )
+            db.session.add(
+                Model(
+                    name=name,
+                    model_type=str(a.params.get("model_type") or "unknown"),
+                    source_url=a.params["source_url"],
+                    locations=[],
+                )
+            )
             known.add(name)
         elif not any(b.type == "download" and b.params.get("model_name") == name for b in wf.actions):
-            raise InvalidRequest(f"actions[{a.id}].model_name: {name} is not registered", {
-                "field": f"actions[{a.id}].model_name"})
+            raise InvalidRequest(
+                f"actions[{a.id}].model_name: {name} is not registered", {"field": f"actions[{a.id}].model_name"}
+            )
     db.session.flush()
 
 
@@ -115,8 +138,9 @@ def _step_rows(run: WorkflowRun, wf: Workflow, nodes: dict[str, Node]) -> list[d
     settings = current_app.config["GSWARM_SETTINGS"]
     models = {m.name: m for m in db.session.scalars(db.select(Model))}
     rows = []
-    ttl = min(24 * 3600, settings.transfer_token_ttl_s + sum(a.timeout_s or settings.task_timeout_s
-                                                             for a in wf.actions))
+    ttl = min(
+        24 * 3600, settings.transfer_token_ttl_s + sum(a.timeout_s or settings.task_timeout_s for a in wf.actions)
+    )
     for seg_no, seg in enumerate(segments(wf)):
         for pos, a in enumerate(seg):
             tid = str(uuid.uuid4())
@@ -128,25 +152,53 @@ def _step_rows(run: WorkflowRun, wf: Workflow, nodes: dict[str, Node]) -> list[d
             if a.type == "serve" and model_name in models:
                 sid = str(uuid.uuid4())
                 dev = Device.parse(params["device"])
-                db.session.add(Service(id=sid, model_id=models[model_name].id, node=str(dev.node), device=str(dev),
-                                       port=params.get("port"), backend=str((params.get("config") or {}).get(
-                                           "backend", "builtin")), config=params.get("config") or {},
-                                       status="pending"))
+                db.session.add(
+                    Service(
+                        id=sid,
+                        model_id=models[model_name].id,
+                        node=str(dev.node),
+                        device=str(dev),
+                        port=params.get("port"),
+                        backend=str((params.get("config") or {}).get("backend", "builtin")),
+                        config=params.get("config") or {},
+                        status="pending",
+                    )
+                )
                 extra.update(service_id=sid, trust_remote_code=models[model_name].trust_remote_code)
             if a.type in ("copy", "move") and "${" not in str(params.get("source_device")):
                 src, dst = Device.parse(params["source_device"]), Device.parse(params["target_device"])
                 if a.type == "copy" or src.node != dst.node:
                     extra["source"] = _source(nodes, src, str(dst.node), str(model_name), ttl)
-            rows.append({
-                "id": tid, "kind": a.type, "state": "pending", "node": step_queue(a), "priority": a.priority,
-                "model_name": model_name, "service_id": extra.get("service_id"),
-                "source_device": params.get("source_device"), "target_device": params.get("target_device"),
-                "device": step_device(a),
-                "params": {"params": params, "retries": a.retries, "retry_backoff": a.retry_backoff,
-                           "timeout_s": a.timeout_s, **extra},
-                "workflow_id": run.id, "step_id": a.id, "depends_on": a.deps, "segment": seg_no, "position": pos,
-                "exclusive": a.exclusive, "attempts": 0, "dispatched": False, "created_at": now(),
-            })
+            rows.append(
+                {
+                    "id": tid,
+                    "kind": a.type,
+                    "state": "pending",
+                    "node": step_queue(a),
+                    "priority": a.priority,
+                    "model_name": model_name,
+                    "service_id": extra.get("service_id"),
+                    "source_device": params.get("source_device"),
+                    "target_device": params.get("target_device"),
+                    "device": step_device(a),
+                    "params": {
+                        "params": params,
+                        "retries": a.retries,
+                        "retry_backoff": a.retry_backoff,
+                        "timeout_s": a.timeout_s,
+                        **extra,
+                    },
+                    "workflow_id": run.id,
+                    "step_id": a.id,
+                    "depends_on": a.deps,
+                    "segment": seg_no,
+                    "position": pos,
+                    "exclusive": a.exclusive,
+                    "attempts": 0,
+                    "dispatched": False,
+                    "created_at": now(),
+                }
+            )
     return rows
 
 
@@ -157,8 +209,14 @@ def _source(nodes: dict[str, Node], src: Device, dest_node: str, model: str, ttl
     settings = current_app.config["GSWARM_SETTINGS"]
     prefix = f"{src.tier}/models/{model}"
     token = sign_token(transfer_secret(redis_client(), settings.transfer_secret), str(src.node), prefix, ttl)
-    return {"node": src.node, "tier": src.tier, "address": node.address, "port": node.file_port, "token": token,
-            "prefix": prefix}
+    return {
+        "node": src.node,
+        "tier": src.tier,
+        "address": node.address,
+        "port": node.file_port,
+        "token": token,
+        "prefix": prefix,
+    }
 
 
 # ---- the dispatcher -----------------------------------------------------------------------------------------
@@ -166,22 +224,34 @@ def _source(nodes: dict[str, Node], src: Device, dest_node: str, model: str, ttl
 
 def _spec(run_id: str, step: Any) -> dict[str, Any]:
     p = dict(step.params)
-    return {"task_id": step.id, "workflow_id": run_id, "step_id": step.step_id, "action_type": step.kind,
-            "params": p["params"], "retries": p.get("retries", 0), "retry_backoff": p.get("retry_backoff", 1.0),
-            "exclusive": step.exclusive or [], "service_id": p.get("service_id"), "source": p.get("source"),
-            "trust_remote_code": p.get("trust_remote_code", False)}
+    return {
+        "task_id": step.id,
+        "workflow_id": run_id,
+        "step_id": step.step_id,
+        "action_type": step.kind,
+        "params": p["params"],
+        "retries": p.get("retries", 0),
+        "retry_backoff": p.get("retry_backoff", 1.0),
+        "exclusive": step.exclusive or [],
+        "service_id": p.get("service_id"),
+        "source": p.get("source"),
+        "trust_remote_code": p.get("trust_remote_code", False),
+    }
 
 
-def _signature(run_id: str, step: Any) -> Any:
+def _signature(app: Any, run_id: str, step: Any) -> Any:
     from gswarm_tasks.celery_app import priority_value
-    from gswarm_tasks.workflow_tasks import step as step_task
 
-    opts: dict[str, Any] = {"queue": step.node, "routing_key": step.node, "task_id": step.id,
-                            "priority": priority_value(step.priority)}
+    opts: dict[str, Any] = {
+        "queue": step.node,
+        "routing_key": step.node,
+        "task_id": step.id,
+        "priority": priority_value(step.priority),
+    }
     timeout = step.params.get("timeout_s")
     if timeout:
         opts.update(soft_time_limit=float(timeout), time_limit=float(timeout) + 10)
-    return step_task.si(_spec(run_id, step)).set(**opts)
+    return app.signature("gswarm.node.workflow.step", args=(_spec(run_id, step),), immutable=True, **opts)
 
 
 def _advance(run: WorkflowRun, steps: dict[str, Any]) -> list[tuple[str, list[Any]]]:
@@ -193,7 +263,8 @@ def _advance(run: WorkflowRun, steps: dict[str, Any]) -> list[tuple[str, list[An
     while changed:  # skipping propagates down the DAG
         changed = False
         for s in steps.values():
-            if s.state == "pending" and any(by_step[d].state in BAD for d in s.depends_on or []):
+            # A queued step behind a failed one in its chain never runs either: Celery stops the chain.
+            if s.state in ("pending", "queued") and any(by_step[d].state in BAD for d in s.depends_on or []):
                 s.state, s.finished_at = "skipped", now()
                 _persist(s, state="skipped", finished_at=s.finished_at)
                 changed = True
@@ -218,8 +289,11 @@ def _advance(run: WorkflowRun, steps: dict[str, Any]) -> list[tuple[str, list[An
             active += 1
     states = {s.state for s in steps.values()}
     if run.status == "running" and states <= set(TERMINAL):
-        run.status = "succeeded" if states == {"succeeded"} else (
-            "failed" if "failed" in states or "skipped" in states else "cancelled")
+        run.status = (
+            "succeeded"
+            if states == {"succeeded"}
+            else ("failed" if "failed" in states or "skipped" in states else "cancelled")
+        )
         run.finished_at = now()
     return sends
 
@@ -237,8 +311,8 @@ def _send(sends: list[tuple[str, list[Any]]]) -> None:
     try:
         with app.producer_or_acquire() as producer:
             for run_id, seg in sends:
-                sigs = [_signature(run_id, s) for s in seg]
-                canvas = sigs[0] if len(sigs) == 1 else chain(*sigs)
+                sigs = [_signature(app, run_id, s) for s in seg]
+                canvas = sigs[0] if len(sigs) == 1 else chain(*sigs, app=app)
                 canvas.apply_async(producer=producer)
                 sent.extend(s.id for s in seg)
     finally:
@@ -250,9 +324,16 @@ def _send(sends: list[tuple[str, list[Any]]]) -> None:
 def resend_undispatched(older_than_s: float = 5.0) -> int:
     """Send again what was decided but never reached the broker (a crash between commit and send)."""
     cutoff = now() - timedelta(seconds=older_than_s)
-    rows = list(db.session.scalars(db.select(TaskRecord).where(
-        TaskRecord.workflow_id.is_not(None), TaskRecord.state == "queued", TaskRecord.dispatched.is_(False),
-        TaskRecord.created_at < cutoff)))
+    rows = list(
+        db.session.scalars(
+            db.select(TaskRecord).where(
+                TaskRecord.workflow_id.is_not(None),
+                TaskRecord.state == "queued",
+                TaskRecord.dispatched.is_(False),
+                TaskRecord.created_at < cutoff,
+            )
+        )
+    )
     by_seg: dict[tuple[str, int], list[TaskRecord]] = defaultdict(list)
     for r in rows:
         by_seg[(str(r.workflow_id), int(r.segment or 0))].append(r)
@@ -266,10 +347,13 @@ def apply_step_events(entries: list[tuple[Any, dict[Any, Any]]]) -> None:
     events: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for _eid, fields in entries:
         try:
-            f = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-                 for k, v in fields.items()}
-            events[f["workflow_id"]].append({"task_id": f["task_id"], "event": f["event"],
-                                             "data": json.loads(f["data"]), "time": float(f["time"])})
+            f = {
+                (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                for k, v in fields.items()
+            }
+            events[f["workflow_id"]].append(
+                {"task_id": f["task_id"], "event": f["event"], "data": json.loads(f["data"]), "time": float(f["time"])}
+            )
         except (KeyError, ValueError) as exc:
             log.warning("dropping malformed step event: %s", exc)
     sends: list[tuple[str, list[Any]]] = []
@@ -361,8 +445,7 @@ def cancel_task(rec: TaskRecord) -> None:
     if rec.workflow_id:
         run = db.session.get(WorkflowRun, rec.workflow_id)
         if run is not None:
-            steps = {s.id: s for s in db.session.scalars(db.select(TaskRecord).where(
-                TaskRecord.workflow_id == run.id))}
+            steps = {s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id))}
             sends = _advance(run, steps)
             db.session.commit()
             _send(sends)

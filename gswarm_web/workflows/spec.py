@@ -22,8 +22,19 @@ MODEL_ACTIONS = ("download", "move", "copy", "delete", "serve", "stop_serve")
 DATA_ACTIONS = ("data_create", "data_move", "data_transfer", "inference", "data_merge")
 AVAILABLE = frozenset({*MODEL_ACTIONS, "health_check", "noop"})
 
-COMMON = {"action_id", "action_type", "dependencies", "devices", "priority", "retries", "retry_backoff", "timeout_s",
-          "node", "description", "exclusive"}
+COMMON = {
+    "action_id",
+    "action_type",
+    "dependencies",
+    "devices",
+    "priority",
+    "retries",
+    "retry_backoff",
+    "timeout_s",
+    "node",
+    "description",
+    "exclusive",
+}
 # Fields of each action type, and the outputs later actions may reference as ${action.field}.
 FIELDS: dict[str, set[str]] = {
     "download": {"model_name", "source_url", "target_device", "model_type", "verify_checksum"},
@@ -110,8 +121,9 @@ class _Errors:
         try:
             return fn()
         except GswarmError as exc:
-            self.add(where, exc.message.split(": ", 1)[-1] if exc.message.startswith(where.split(".")[-1])
-                     else exc.message)
+            self.add(
+                where, exc.message.split(": ", 1)[-1] if exc.message.startswith(where.split(".")[-1]) else exc.message
+            )
             return None
 
     def raise_if_any(self) -> None:
@@ -254,8 +266,9 @@ def _action(errors: _Errors, i: int, raw: Any, default_task_timeout: float) -> A
             errors.add(path, f"`${{{expr}}}` is not a reference (use ${{action.field}} or ${{action.output.field}})")
         else:
             refs.append((path, parsed[0], parsed[1]))
-    return Action(aid, atype, list(deps), params, priority, retries, backoff, timeout, node,
-                  sorted(set(exclusive)), refs)
+    return Action(
+        aid, atype, list(deps), params, priority, retries, backoff, timeout, node, sorted(set(exclusive)), refs
+    )
 
 
 def _check_params(errors: _Errors, where: str, atype: str, p: dict[str, Any]) -> None:
@@ -285,8 +298,11 @@ def _check_params(errors: _Errors, where: str, atype: str, p: dict[str, Any]) ->
             errors.add(f"{where}.device", "required (or service_id) for a stop_serve action")
     elif atype == "health_check":
         need("target_url")
-        if isinstance(p.get("target_url"), str) and not REF_RE.search(p["target_url"]) and not p[
-                "target_url"].startswith(("http://", "https://")):
+        if (
+            isinstance(p.get("target_url"), str)
+            and not REF_RE.search(p["target_url"])
+            and not p["target_url"].startswith(("http://", "https://"))
+        ):
             errors.add(f"{where}.target_url", "must be an http(s) URL")
     elif atype == "noop":
         if "duration_s" in p:
@@ -344,7 +360,7 @@ def find_cycle(actions: dict[str, Action]) -> list[str] | None:
             if d not in actions:
                 continue
             if color.get(d) == 1:
-                return path[path.index(d):] + [d]
+                return path[path.index(d) :] + [d]
             if color.get(d) is None and (cyc := visit(d)):
                 return cyc
         color[a] = 2
@@ -405,9 +421,17 @@ def validate(doc: dict[str, Any], task_timeout_s: float = 3600) -> Workflow:
                     errors.add(path, f"`${{{step}.{fld}}}` names no action of this workflow")
                 elif step not in anc[a.id]:
                     errors.add(path, f"`${{{step}.{fld}}}`: {a.id} does not depend on {step}")
-                elif fld != "output" and fld not in OUTPUTS[actions[step].type] and not (
-                        actions[step].type == "noop" and fld in (actions[step].params.get("outputs") or {})):
+                elif (
+                    fld != "output"
+                    and fld not in OUTPUTS[actions[step].type]
+                    and not (actions[step].type == "noop" and fld in (actions[step].params.get("outputs") or {}))
+                ):
                     errors.add(path, f"`${{{step}.{fld}}}`: a {actions[step].type} action has no output {fld!r}")
     errors.raise_if_any()
-    return Workflow(str(name), str(doc.get("description") or ""), dict(qc), bool(doc.get("fail_fast", False)),
-                    list(actions.values()))
+    return Workflow(
+        str(name),
+        str(doc.get("description") or ""),
+        dict(qc),
+        bool(doc.get("fail_fast", False)),
+        list(actions.values()),
+    )

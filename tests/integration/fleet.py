@@ -103,6 +103,18 @@ class Fleet:
         )
         return p
 
+    def auth(self) -> dict[str, str]:
+        return bearer(self.token)
+
+    def redis_events(self, workflow_id: str) -> list[dict[str, Any]]:
+        """Every step event of a workflow, from the stream (the control worker acks but never deletes)."""
+        client = redis.Redis.from_url(self.redis_url)
+        out = []
+        for _eid, f in client.xrange("gswarm:steps"):
+            if f[b"workflow_id"].decode() == workflow_id:
+                out.append({"task_id": f[b"task_id"].decode(), "event": f[b"event"].decode()})
+        return out
+
     def api(self, method: str, path: str, **kw: Any) -> tuple[int, Any]:
         r = self.client.open(f"/api/v1{path}", method=method, headers=bearer(self.token), **kw)
         return r.status_code, r.get_json(silent=True)

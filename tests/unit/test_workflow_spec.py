@@ -44,12 +44,18 @@ def noop(aid: str, *deps: str, **kw: object) -> dict:
         (doc(noop("a"), noop("a")), "actions[a].action_id"),
         (doc({"action_id": "a", "action_type": "teleport"}), "actions[a].action_type"),
         (doc(noop("a", colour="red")), "actions[a].colour"),
-        (doc({"action_id": "d", "action_type": "download", "model_name": "m", "target_device": "node1:tape"}),
-         "actions[d].target_device"),
-        (doc({"action_id": "d", "action_type": "move", "model_name": "m", "devices": ["node1:disk", "Node_1:gpu0"]}),
-         "actions[d].target_device"),
-        (doc({"action_id": "d", "action_type": "download", "model_name": "../x", "target_device": "node1:disk"}),
-         "actions[d].model_name"),
+        (
+            doc({"action_id": "d", "action_type": "download", "model_name": "m", "target_device": "node1:tape"}),
+            "actions[d].target_device",
+        ),
+        (
+            doc({"action_id": "d", "action_type": "move", "model_name": "m", "devices": ["node1:disk", "Node_1:gpu0"]}),
+            "actions[d].target_device",
+        ),
+        (
+            doc({"action_id": "d", "action_type": "download", "model_name": "../x", "target_device": "node1:disk"}),
+            "actions[d].model_name",
+        ),
         (doc(noop("a"), noop("b", outputs={"x": "${a.missing}"})), "actions[b].outputs.x"),
         (doc(noop("a"), noop("b", outputs={"x": "${a.output}"})), "actions[b].outputs.x"),  # b does not depend on a
         (doc(noop("a"), noop("b", "a", outputs={"x": "${ghost.output}"})), "actions[b].outputs.x"),
@@ -88,5 +94,5 @@ def test_segments_never_add_a_barrier() -> None:
     wf = validate(doc(noop("a"), noop("b"), noop("c", "a"), noop("d", "a", "b"), noop("e", "c"), noop("f", "e")))
     segs = [[a.id for a in s] for s in segments(wf)]
     assert sorted(segs) == [["a"], ["b"], ["c", "e", "f"], ["d"]]
-    chain = validate(doc(*[noop(f"s{i}", *([f"s{i-1}"] if i else [])) for i in range(5)]))
+    chain = validate(doc(*[noop(f"s{i}", *([f"s{i - 1}"] if i else [])) for i in range(5)]))
     assert [[a.id for a in s] for s in segments(chain)] == [["s0", "s1", "s2", "s3", "s4"]]

@@ -1,0 +1,243 @@
+"""Workflows on real workers: order, retries, failures, cancel, crash recovery, exclusive devices."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.integration.fleet import Fleet
+from tests.integration.procs import wait_for
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    f = Fleet(tmp_path_factory.mktemp("wf"), redis_db=14)
+    try:
+        f.start("control", "control", app_module="gswarm_web.celery_app")
+        f.start_node("node1")
+        f.start_node("node2")
+        yield f
+    finally:
+        f.close()
+
+
+def noop(aid: str, *deps: str, node: str = "node1", **kw: Any) -> dict[str, Any]:
+    return {"action_id": aid, "action_type": "noop", "node": node, "dependencies": list(deps), **kw}
+
+
+def run(fleet: Fleet, actions: list[dict[str, Any]], timeout: float = 60, **top: Any) -> dict[str, Any]:
+    code, body = fleet.post("/workflows", {"name": "t", "actions": actions, **top})
+    assert code == 201, body
+    return wait_done(fleet, body["id"], timeout)
+
+
+def wait_done(fleet: Fleet, wf_id: str, timeout: float = 60) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        code, body = fleet.get(f"/workflows/{wf_id}")
+        return body if code == 200 and body["status"] != "running" else None
+
+    return wait_for(done, timeout, f"workflow {wf_id} to finish")
+
+
+def steps(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {s["action_id"]: s for s in body["steps"]}
+
+
+def t(s: dict[str, Any], key: str) -> float:
+    return datetime.fromisoformat(s[key]).timestamp()
+
+
+def test_diamond_runs_in_order_with_parallel_middle(fleet: Fleet) -> None:
+    body = run(
+        fleet,
+        [
+            noop("a", duration_s=0.2),
+            noop("b", "a", duration_s=1),
+            noop("c", "a", node="node2", duration_s=1),
+            noop("d", "b", "c"),
+        ],
+    )
+    assert body["status"] == "succeeded", body
+    s = steps(body)
+    assert t(s["b"], "started_at") >= t(s["a"], "finished_at") - 0.01
+    assert t(s["c"], "started_at") >= t(s["a"], "finished_at") - 0.01
+    assert t(s["d"], "started_at") >= max(t(s["b"], "finished_at"), t(s["c"], "finished_at")) - 0.01
+    assert t(s["c"], "started_at") < t(s["b"], "finished_at")  # b and c overlapped
+    assert s["c"]["node"] == "node2"
+
+
+def test_no_barrier_in_a_dag_that_is_not_series_parallel(fleet: Fleet) -> None:
+    # a -> c, a -> d, b -> d: c must start as soon as a is done, while b is still running.
+    body = run(
+        fleet, [noop("a", duration_s=0.1), noop("b", node="node2", duration_s=3), noop("c", "a"), noop("d", "a", "b")]
+    )
+    assert body["status"] == "succeeded"
+    s = steps(body)
+    assert t(s["c"], "finished_at") < t(s["b"], "finished_at")
+    assert t(s["d"], "started_at") >= t(s["b"], "finished_at") - 0.01
+
+
+def test_references_resolve_from_earlier_outputs(fleet: Fleet) -> None:
+    body = run(
+        fleet,
+        [
+            noop("a", outputs={"x": 41, "name": "m"}),
+            noop("b", "a"),
+            noop("c", "b", node="node2", outputs={"y": "${a.x}", "z": "${a.name}-v2"}),
+        ],
+    )
+    s = steps(body)
+    assert s["c"]["outputs"] == {"y": 41, "z": "m-v2"}
+
+
+def test_retry_then_success(fleet: Fleet) -> None:
+    body = run(fleet, [noop("flaky", fail_times=2, retries=3, retry_backoff=0.1), noop("after", "flaky")])
+    assert body["status"] == "succeeded", body
+    s = steps(body)
+    assert s["flaky"]["attempts"] == 3 and s["after"]["state"] == "succeeded"
+
+
+def test_failure_skips_dependents_only(fleet: Fleet) -> None:
+    body = run(
+        fleet,
+        [
+            noop("bad", fail_times=5),
+            noop("child", "bad"),
+            noop("grandchild", "child"),
+            noop("free", node="node2", duration_s=0.5),
+            noop("free2", "free"),
+        ],
+    )
+    assert body["status"] == "failed"
+    s = steps(body)
+    assert s["bad"]["state"] == "failed" and s["bad"]["error"]["code"] == "TASK_FAILED"
+    assert s["child"]["state"] == "skipped" and s["grandchild"]["state"] == "skipped"
+    assert s["free"]["state"] == "succeeded" and s["free2"]["state"] == "succeeded"
+
+
+def test_fail_fast_cancels_the_rest(fleet: Fleet) -> None:
+    body = run(fleet, [noop("bad", fail_times=5), noop("slow", node="node2", duration_s=20)], fail_fast=True)
+    assert body["status"] == "cancelled"
+    assert steps(body)["slow"]["state"] == "cancelled"
+
+
+def test_cancel_mid_run_stops_running_and_pending_steps(fleet: Fleet) -> None:
+    code, body = fleet.post("/workflows", {"name": "c", "actions": [noop("long", duration_s=30), noop("next", "long")]})
+    wf = body["id"]
+    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["long"]["state"] == "running", 20, "long running")
+    t0 = time.monotonic()
+    code, _ = fleet.post(f"/workflows/{wf}/cancel", {})
+    assert code == 200
+    body = fleet.get(f"/workflows/{wf}")[1]
+    assert body["status"] == "cancelled"
+    assert {s["state"] for s in body["steps"]} == {"cancelled"}
+    # The running noop notices within a fraction of a second; nothing starts later, even after a restart.
+    fleet.procs["node1"].stop()
+    fleet.start_node("node1")
+    events = fleet.redis_events(wf)
+    assert not [e for e in events if e["event"] == "started" and e["task_id"] == steps(body)["next"]["task_id"]]
+    assert time.monotonic() - t0 < 30
+
+
+def test_sigkill_of_the_whole_worker_mid_step_then_success(fleet: Fleet) -> None:
+    code, body = fleet.post(
+        "/workflows", {"name": "k", "actions": [noop("victim", duration_s=3), noop("after", "victim")]}
+    )
+    wf = body["id"]
+    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["victim"]["state"] == "running", 20, "victim running")
+    fleet.procs["node1"].kill_group(signal.SIGKILL)
+    fleet.start_node("node1")
+    restarted = time.monotonic()
+    body = wait_done(fleet, wf, 30)
+    assert body["status"] == "succeeded", body
+    assert time.monotonic() - restarted < 15  # seconds after the restart, not the visibility timeout
+    started = [
+        e
+        for e in fleet.redis_events(wf)
+        if e["event"] == "started" and e["task_id"] == steps(body)["victim"]["task_id"]
+    ]
+    assert len(started) == 2
+
+
+def test_killed_pool_child_is_requeued_at_once(fleet: Fleet) -> None:
+    import psutil
+
+    code, body = fleet.post("/workflows", {"name": "p", "actions": [noop("victim", duration_s=2)]})
+    wf = body["id"]
+    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["victim"]["state"] == "running", 20, "victim running")
+    main = psutil.Process(fleet.procs["node1"].pid)
+    for child in main.children():
+        child.kill()
+    body = wait_done(fleet, wf, 30)
+    assert body["status"] == "succeeded"
+    assert fleet.procs["node1"].proc.poll() is None
+
+
+def test_exclusive_devices_never_overlap_and_others_run_in_parallel(fleet: Fleet) -> None:
+    body = run(
+        fleet,
+        [noop(f"gpu{i}", duration_s=0.6, exclusive=["node1:gpu0"]) for i in range(3)]
+        + [noop(f"free{i}", duration_s=0.6) for i in range(2)],
+    )
+    assert body["status"] == "succeeded"
+    s = steps(body)
+    spans = sorted((t(s[f"gpu{i}"], "started_at"), t(s[f"gpu{i}"], "finished_at")) for i in range(3))
+    for (a0, a1), (b0, _b1) in zip(spans, spans[1:], strict=False):
+        assert b0 >= a1 - 0.005, spans
+    f0, f1 = (
+        (t(s["free0"], "started_at"), t(s["free0"], "finished_at")),
+        (t(s["free1"], "started_at"), t(s["free1"], "finished_at")),
+    )
+    assert f0[0] < f1[1] and f1[0] < f0[1]  # overlapped
+
+
+def test_yaml_multipart_graph_queue_and_refusals(fleet: Fleet) -> None:
+    text = yaml.safe_dump({"name": "y", "actions": [noop("a"), noop("b", "a")]})
+    r = fleet.client.post("/api/v1/workflows", data=text, headers={**fleet.auth(), "Content-Type": "application/yaml"})
+    assert r.status_code == 201, r.json
+    wait_done(fleet, r.json["id"])
+    graph = fleet.get(f"/workflows/{r.json['id']}/graph")[1]
+    assert {(e["from"], e["to"]) for e in graph["edges"]} == {("a", "b")}
+    assert {n["state"] for n in graph["nodes"]} == {"succeeded"}
+    import io
+
+    r = fleet.client.post(
+        "/api/v1/workflows",
+        data={"file": (io.BytesIO(text.encode()), "wf.yaml")},
+        headers=fleet.auth(),
+        content_type="multipart/form-data",
+    )
+    assert r.status_code == 201
+    before = (fleet.get("/workflows")[1]["total"], fleet.get("/queue/tasks")[1]["total"])
+    bad = [
+        ({"name": "x", "actions": [noop("a", "ghost")]}, "actions[a].dependencies"),
+        (
+            {
+                "name": "x",
+                "actions": [
+                    {
+                        "action_id": "d",
+                        "action_type": "data_create",
+                        "source": "s3://b/x",
+                        "target_device": "node1:dram",
+                    }
+                ],
+            },
+            "actions[d].action_type",
+        ),
+        ({"name": "x", "actions": [noop("a", node="nodez")]}, "actions[a].node"),
+    ]
+    for doc, field in bad:
+        code, resp = fleet.post("/workflows", doc)
+        assert code in (404, 422) and resp["error"]["message"].startswith(field), resp
+    assert (fleet.get("/workflows")[1]["total"], fleet.get("/queue/tasks")[1]["total"]) == before
+    q = fleet.get("/queue")[1]
+    assert q["nodes"]["node1"]["normal"]["completed"] >= 2
+    hist = fleet.get("/queue/history?limit=5&status=succeeded")[1]
+    assert len(hist["tasks"]) == 5 and all(x["status"] == "succeeded" for x in hist["tasks"])
