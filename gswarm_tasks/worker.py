@@ -172,7 +172,7 @@ def _on_task_failure(
             from .ops import redis_of
             from .workflow_tasks import emit
 
-            spec = (args or [None])[0] or (kwargs or {}).get("spec")
+            spec: dict[str, Any] = (args or [None])[0] or (kwargs or {}).get("spec") or {}
             emit(
                 redis_of(sender),
                 spec,

@@ -183,12 +183,12 @@ def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
         return None
     done = client.get(STEP_DONE_KEY.format(tid))
     if done is not None:  # a redelivery of a finished step: report again, do nothing again
-        outputs = json.loads(done)
-        emit(client, spec, "succeeded", outputs=outputs, redelivered=True)
-        return dict(outputs)
+        previous = json.loads(done)
+        emit(client, spec, "succeeded", outputs=previous, redelivered=True)
+        return dict(previous)
     try:
-        outputs = client.hgetall(OUTPUTS_KEY.format(spec["workflow_id"]))
-        params = resolve(spec["params"], {k.decode(): json.loads(v) for k, v in outputs.items()})
+        recorded: Any = client.hgetall(OUTPUTS_KEY.format(spec["workflow_id"]))
+        params = resolve(spec["params"], {k.decode(): json.loads(v) for k, v in recorded.items()})
         # A step that waits for its device is not running yet: it reports `started` once it holds it.
         with device_leases(client, spec.get("exclusive") or [], owner=tid, wait=False):
             emit(client, spec, "started", attempt=attempt, worker=self.request.hostname)

@@ -77,7 +77,7 @@ class StreamConsumer:
         if not entries:
             entries = self._claim_stale()
         if not entries:
-            res: Any = self.client.xreadgroup(
+            res = self.client.xreadgroup(
                 self.group,
                 self.consumer,
                 {self.stream: ">"},

@@ -70,7 +70,7 @@ class WorkflowDetailSchema(WorkflowSchema):
             .where(TaskRecord.workflow_id == run.id)
             .order_by(TaskRecord.segment, TaskRecord.position)
         )
-        return StepSchema(many=True).dump(list(rows))  # type: ignore[no-any-return]
+        return StepSchema(many=True).dump(list(rows))
 
 
 class WorkflowListArgsSchema(PageArgsSchema):

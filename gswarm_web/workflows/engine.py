@@ -93,6 +93,8 @@ def submit(doc: dict[str, Any]) -> WorkflowRun:
 class _RowView:
     """A dict-backed stand-in for a TaskRecord during submission (rows were bulk-inserted)."""
 
+    id: str
+
     def __init__(self, row: dict[str, Any]) -> None:
         self.__dict__.update(row)
 

@@ -93,7 +93,7 @@ actions:
     action_type: "download"
     model_name: "llama-7b"
     target_device: "node1:disk"
-    
+
   # Replicate to other nodes
   - action_id: "replicate_node2"
     action_type: "copy"
@@ -101,7 +101,7 @@ actions:
     source_device: "node1:disk"
     target_device: "node2:disk"
     dependencies: ["download"]
-    
+
   # Load models to GPUs
   - action_id: "load_gpu_node1"
     action_type: "move"
@@ -109,14 +109,14 @@ actions:
     source_device: "node1:disk"
     target_device: "node1:gpu0"
     dependencies: ["download"]
-    
+
   - action_id: "load_gpu_node2"
     action_type: "move"
     model_name: "llama-7b"
     source_device: "node2:disk"
     target_device: "node2:gpu0"
     dependencies: ["replicate_node2"]
-    
+
   # Start services
   - action_id: "serve_node1"
     action_type: "serve"
@@ -124,7 +124,7 @@ actions:
     device: "node1:gpu0"
     port: 8080
     dependencies: ["load_gpu_node1"]
-    
+
   - action_id: "serve_node2"
     action_type: "serve"
     model_name: "llama-7b"
@@ -142,7 +142,7 @@ actions:
     action_type: "data_create"
     source: "s3://bucket/input"
     target_device: "node1:dram"
-    
+
   # First model processing
   - action_id: "model1_process"
     action_type: "inference"
@@ -150,14 +150,14 @@ actions:
     input_data: "${load_data.chunk_id}"
     output_device: "node1:dram"
     dependencies: ["load_data"]
-    
+
   # Transfer intermediate data
   - action_id: "transfer_data"
     action_type: "data_transfer"
     data_id: "${model1_process.output}"
     target_device: "node2:dram"
     dependencies: ["model1_process"]
-    
+
   # Second model processing
   - action_id: "model2_process"
     action_type: "inference"

@@ -188,7 +188,7 @@ def test_exclusive_devices_never_overlap_and_others_run_in_parallel(fleet: Fleet
     assert body["status"] == "succeeded"
     s = steps(body)
     spans = sorted((t(s[f"gpu{i}"], "started_at"), t(s[f"gpu{i}"], "finished_at")) for i in range(3))
-    for (a0, a1), (b0, _b1) in zip(spans, spans[1:], strict=False):
+    for (_a0, a1), (b0, _b1) in zip(spans, spans[1:], strict=False):
         assert b0 >= a1 - 0.005, spans
     f0, f1 = (
         (t(s["free0"], "started_at"), t(s["free0"], "finished_at")),
