@@ -12,6 +12,7 @@ import json
 import logging
 import random
 import re
+import threading
 import time
 from typing import Any
 
@@ -35,11 +36,14 @@ OUTPUTS_KEY = "gswarm:wf:{}:outputs"
 STEP_DONE_KEY = "gswarm:step-done:{}"
 CANCEL_WF_KEY = "gswarm:cancel:wf:{}"
 CANCEL_TASK_KEY = "gswarm:cancel:task:{}"
+SPECS_KEY = "gswarm:wf:{}:specs"
+STARTED_AFTER_S = 0.02
 KEEP_S = 7 * 24 * 3600
 REF_RE = re.compile(r"\$\{([^}]*)\}")
 
 
-def emit(client: redis.Redis, spec: dict[str, Any], event: str, at: float | None = None, **data: Any) -> None:
+def emit(client: Any, spec: dict[str, Any], event: str, at: float | None = None, **data: Any) -> None:
+    """Append a step event to the stream (`client` may be a pipeline)."""
     client.xadd(
         STEP_STREAM,
         {
@@ -173,26 +177,51 @@ def run_action(self: Task, spec: dict[str, Any], p: dict[str, Any], client: redi
 
 @app.task(name="gswarm.node.workflow.step", base=NodeTask, bind=True)
 def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
-    """Run one workflow action; stop the rest of its chain when it fails or is cancelled."""
+    """Run one workflow action; stop the rest of its chain when it fails or is cancelled.
+
+    The message names the step; its spec (action, parameters, retries, devices) is read from Redis."""
     client = redis_of(self)
     tid = spec["task_id"]
     attempt = int(self.request.retries or 0) + 1
-    if is_cancelled(client, spec):
+    pipe = client.pipeline(transaction=False)  # one round trip for what a step checks before it starts
+    pipe.exists(CANCEL_WF_KEY.format(spec["workflow_id"]), CANCEL_TASK_KEY.format(tid))
+    pipe.get(STEP_DONE_KEY.format(tid))
+    pipe.hget(SPECS_KEY.format(spec["workflow_id"]), tid)
+    cancelled, done, full = pipe.execute()
+    if full is not None:
+        spec = json.loads(full)
+    elif "action_type" not in spec:
+        raise TaskFailed(f"step {tid} has no spec in Redis (was it flushed?)", {"task_id": tid})
+    if cancelled:
         emit(client, spec, "cancelled", reason="cancelled before it started")
         self.request.chain = None
         return None
-    done = client.get(STEP_DONE_KEY.format(tid))
     if done is not None:  # a redelivery of a finished step: report again, do nothing again
         previous = json.loads(done)
         emit(client, spec, "succeeded", outputs=previous, redelivered=True)
         return dict(previous)
     try:
-        recorded: Any = client.hgetall(OUTPUTS_KEY.format(spec["workflow_id"]))
-        params = resolve(spec["params"], {k.decode(): json.loads(v) for k, v in recorded.items()})
+        params = spec["params"]
+        if "${" in json.dumps(params):
+            recorded: Any = client.hgetall(OUTPUTS_KEY.format(spec["workflow_id"]))
+            params = resolve(params, {k.decode(): json.loads(v) for k, v in recorded.items()})
         # A step that waits for its device is not running yet: it reports `started` once it holds it.
         with device_leases(client, spec.get("exclusive") or [], owner=tid, wait=False):
-            emit(client, spec, "started", attempt=attempt, worker=self.request.hostname)
-            result = run_action(self, spec, params, client)
+            started_at = time.time()
+            # `started` goes out once the step has run a moment; a step quicker than that reports its start
+            # inside its `succeeded` event, which halves the events of short steps.
+            announce = threading.Timer(
+                STARTED_AFTER_S,
+                emit,
+                args=(client, spec, "started"),
+                kwargs={"at": started_at, "attempt": attempt, "worker": self.request.hostname},
+            )
+            announce.daemon = True
+            announce.start()
+            try:
+                result = run_action(self, spec, params, client)
+            finally:
+                announce.cancel()
             finished_at = time.time()  # still holding the devices: the next holder starts after this
     except Cancelled as exc:
         emit(client, spec, "cancelled", reason=str(exc))
@@ -214,15 +243,17 @@ def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
             countdown = min(300.0, base * 2 ** (attempt - 1)) * (0.5 + random.random())
             emit(client, spec, "retrying", attempt=attempt, error=error_dict(exc), countdown_s=round(countdown, 3))
             raise self.retry(exc=exc, countdown=countdown, max_retries=None) from exc
-        emit(client, spec, "failed", attempt=attempt, error=error_dict(exc))
+        emit(client, spec, "failed", attempt=attempt, error=error_dict(exc), started_at=time.time())
         self.request.chain = None
         raise
+    # Outputs and the done mark are written before the event, in one round trip, so the next step of the
+    # chain can resolve its references and a redelivery finds the step done.
     pipe = client.pipeline()
     pipe.hset(OUTPUTS_KEY.format(spec["workflow_id"]), spec["step_id"], json.dumps(_public(result)))
     pipe.expire(OUTPUTS_KEY.format(spec["workflow_id"]), KEEP_S)
     pipe.set(STEP_DONE_KEY.format(tid), json.dumps(result), ex=KEEP_S)
+    emit(pipe, spec, "succeeded", at=finished_at, outputs=result, attempt=attempt, started_at=started_at)
     pipe.execute()
-    emit(client, spec, "succeeded", at=finished_at, outputs=result, attempt=attempt)
     return _public(result)
 
 

@@ -146,7 +146,7 @@ def step_consumer(flask_app: Any, redis_url: str) -> StreamConsumer:
         except Exception as exc:  # the beat sweep tries again
             log.warning("resending undispatched steps failed: %s", exc)
     client = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
-    return StreamConsumer(client, STEP_STREAM, "control", handle, batch=2000, block_ms=1000)
+    return StreamConsumer(client, STEP_STREAM, "control", handle, batch=2000, block_ms=1000, min_interval_s=0.05)
 
 
 def heartbeat_consumer(flask_app: Any, redis_url: str) -> StreamConsumer:

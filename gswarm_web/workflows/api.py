@@ -119,7 +119,7 @@ class Workflows(MethodView):
         items, total = paginate(query, args["page"], args["per_page"])
         return {"workflows": items, "total": total, "page": args["page"], "per_page": args["per_page"]}
 
-    @blp.response(201, WorkflowDetailSchema)
+    @blp.response(201, WorkflowSchema)
     @blp.doc(
         requestBody={
             "content": {

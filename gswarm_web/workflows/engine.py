@@ -24,7 +24,7 @@ from gswarm_tasks import defaults
 from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import InvalidRequest, NotFound
 from gswarm_tasks.transfer import sign_token, transfer_secret
-from gswarm_tasks.workflow_tasks import CANCEL_TASK_KEY, CANCEL_WF_KEY, KEEP_S
+from gswarm_tasks.workflow_tasks import CANCEL_TASK_KEY, CANCEL_WF_KEY, KEEP_S, SPECS_KEY
 
 from ..extensions import db
 from ..health import redis_client
@@ -82,9 +82,11 @@ def submit(doc: dict[str, Any]) -> WorkflowRun:
     db.session.add(run)
     _register_models(wf)
     rows = _step_rows(run, wf, nodes)
+    views = {r["id"]: _RowView(r) for r in rows}
+    sends = _advance(run, views)  # decides the first chains before the rows are written: one insert, no updates
+    for r in rows:
+        r["state"] = views[r["id"]].state
     db.session.execute(db.insert(TaskRecord), rows)
-    db.session.flush()
-    sends = _advance(run, {r["id"]: _RowView(r) for r in rows})
     db.session.commit()
     _send(sends)
     return run
@@ -143,7 +145,14 @@ def _step_rows(run: WorkflowRun, wf: Workflow, nodes: dict[str, Node]) -> list[d
     ttl = min(
         24 * 3600, settings.transfer_token_ttl_s + sum(a.timeout_s or settings.task_timeout_s for a in wf.actions)
     )
-    for seg_no, seg in enumerate(segments(wf)):
+    segs = segments(wf)
+    seg_of = {a.id: n for n, seg in enumerate(segs) for a in seg}
+    fanout: dict[str, list[str]] = defaultdict(list)
+    for a in wf.actions:
+        for d in a.deps:
+            if seg_of[d] != seg_of[a.id]:
+                fanout[d].append(a.id)
+    for seg_no, seg in enumerate(segs):
         for pos, a in enumerate(seg):
             tid = str(uuid.uuid4())
             params = dict(a.params)
@@ -188,6 +197,8 @@ def _step_rows(run: WorkflowRun, wf: Workflow, nodes: dict[str, Node]) -> list[d
                         "retries": a.retries,
                         "retry_backoff": a.retry_backoff,
                         "timeout_s": a.timeout_s,
+                        "fanout": fanout.get(a.id, []),
+                        "tail": pos == len(seg) - 1,
                         **extra,
                     },
                     "workflow_id": run.id,
@@ -253,7 +264,10 @@ def _signature(app: Any, run_id: str, step: Any) -> Any:
     timeout = step.params.get("timeout_s")
     if timeout:
         opts.update(soft_time_limit=float(timeout), time_limit=float(timeout) + 10)
-    return app.signature("gswarm.node.workflow.step", args=(_spec(run_id, step),), immutable=True, **opts)
+    # The message carries ids only; the step's full spec waits in Redis (a chain message carries every later
+    # signature of the chain, so small ones keep a long chain from costing O(n^2) in serialization).
+    ref = {"task_id": step.id, "workflow_id": run_id, "step_id": step.step_id}
+    return app.signature("gswarm.node.workflow.step", args=(ref,), immutable=True, **opts)
 
 
 def _advance(run: WorkflowRun, steps: dict[str, Any]) -> list[tuple[str, list[Any]]]:
@@ -268,7 +282,6 @@ def _advance(run: WorkflowRun, steps: dict[str, Any]) -> list[tuple[str, list[An
             # A queued step behind a failed one in its chain never runs either: Celery stops the chain.
             if s.state in ("pending", "queued") and any(by_step[d].state in BAD for d in s.depends_on or []):
                 s.state, s.finished_at = "skipped", now()
-                _persist(s, state="skipped", finished_at=s.finished_at)
                 changed = True
     sends: list[tuple[str, list[Any]]] = []
     if run.status == "running":
@@ -286,7 +299,6 @@ def _advance(run: WorkflowRun, steps: dict[str, Any]) -> list[tuple[str, list[An
                 break
             for s in seg:
                 s.state = "queued"
-                _persist(s, state="queued")
             sends.append((run.id, seg))
             active += 1
     states = {s.state for s in steps.values()}
@@ -300,16 +312,17 @@ def _advance(run: WorkflowRun, steps: dict[str, Any]) -> list[tuple[str, list[An
     return sends
 
 
-def _persist(step: Any, **values: Any) -> None:
-    if isinstance(step, _RowView):
-        db.session.execute(db.update(TaskRecord).where(TaskRecord.id == step.id).values(**values))
-
-
 def _send(sends: list[tuple[str, list[Any]]]) -> None:
     if not sends:
         return
     app = sender()
     sent: list[str] = []
+    pipe = redis_client().pipeline(transaction=False)
+    for run_id, seg in sends:
+        for s in seg:
+            pipe.hset(SPECS_KEY.format(run_id), s.id, json.dumps(_spec(run_id, s)))
+        pipe.expire(SPECS_KEY.format(run_id), KEEP_S)
+    pipe.execute()
     try:
         with app.producer_or_acquire() as producer:
             for run_id, seg in sends:
@@ -363,17 +376,44 @@ def apply_step_events(entries: list[tuple[Any, dict[Any, Any]]]) -> None:
         run = db.session.get(WorkflowRun, wf_id, with_for_update=True)
         if run is None:
             continue
-        steps = {s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == wf_id))}
-        failed = False
+        # Only the reporting steps are loaded; the whole workflow only when something may change beyond them.
+        touched = {
+            s.id: s
+            for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.id.in_({ev["task_id"] for ev in evs})))
+        }
+        failed = full = ended = False
+        limit = bool((run.queue_config or {}).get("max_concurrent_tasks"))
         for ev in evs:
-            s = steps.get(ev["task_id"])
-            if s is not None:
-                failed |= _apply(s, ev)
+            s = touched.get(ev["task_id"])
+            if s is None:
+                continue
+            before = s.state
+            failed |= _apply(s, ev)
+            if s.state != before and s.state in TERMINAL:
+                ended = True
+                p = s.params or {}
+                full |= s.state != "succeeded" or bool(p.get("fanout")) or (limit and bool(p.get("tail")))
         if failed and run.fail_fast and run.status == "running":
-            cancel_workflow(run, steps, reason="fail_fast: a step failed")
-        sends.extend(_advance(run, steps))
+            cancel_workflow(run, None, reason="fail_fast: a step failed")
+            full = True
+        if not full and ended:
+            db.session.flush()
+            left = db.session.scalar(
+                db.select(db.func.count())
+                .select_from(TaskRecord)
+                .where(TaskRecord.workflow_id == wf_id, TaskRecord.state.not_in(TERMINAL))
+            )
+            full = not left
+        if full:
+            db.session.flush()
+            steps = {s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == wf_id))}
+            sends.extend(_advance(run, steps))
     db.session.commit()
     _send(sends)
+
+
+def _at(value: Any) -> datetime | None:
+    return datetime.fromtimestamp(float(value), UTC) if isinstance(value, int | float) else None
 
 
 def _apply(s: TaskRecord, ev: dict[str, Any]) -> bool:
@@ -391,7 +431,8 @@ def _apply(s: TaskRecord, ev: dict[str, Any]) -> bool:
     elif event == "succeeded":
         outputs = dict(data.get("outputs") or {})
         s.state, s.finished_at, s.error = "succeeded", at, None
-        s.started_at = s.started_at or at
+        s.started_at = s.started_at or _at(data.get("started_at")) or at
+        s.attempts = max(s.attempts or 0, int(data.get("attempt") or 1))
         s.outputs = {k: v for k, v in outputs.items() if k != "manifest"}
         s.result = s.outputs
         if s.kind in ("download", "copy", "move", "delete", "serve", "stop_serve"):

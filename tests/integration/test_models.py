@@ -350,25 +350,59 @@ def test_a_cpu_deployment_workflow_runs_end_to_end(fleet: Fleet, model_dir: Path
     doc = {
         "name": "cpu-deployment",
         "actions": [
-            {"action_id": "download", "action_type": "download", "model_name": "minilm-wf",
-             "source_url": f"file://{model_dir}", "model_type": "embedding", "target_device": "node1:disk"},
-            {"action_id": "replicate", "action_type": "copy", "model_name": "minilm-wf",
-             "source_device": "node1:disk", "target_device": "node2:disk", "dependencies": ["download"]},
-            {"action_id": "stage", "action_type": "move", "model_name": "minilm-wf",
-             "devices": ["node2:disk", "node2:dram"], "keep_source": True, "dependencies": ["replicate"]},
-            {"action_id": "serve", "action_type": "serve", "model_name": "minilm-wf", "device": "node2:cpu",
-             "dependencies": ["stage"]},
-            {"action_id": "check", "action_type": "health_check", "target_url": "${serve.service_url}/health",
-             "devices": [], "dependencies": ["serve"]},
-            {"action_id": "stop", "action_type": "stop_serve", "model_name": "minilm-wf", "device": "node2:cpu",
-             "dependencies": ["check"]},
+            {
+                "action_id": "download",
+                "action_type": "download",
+                "model_name": "minilm-wf",
+                "source_url": f"file://{model_dir}",
+                "model_type": "embedding",
+                "target_device": "node1:disk",
+            },
+            {
+                "action_id": "replicate",
+                "action_type": "copy",
+                "model_name": "minilm-wf",
+                "source_device": "node1:disk",
+                "target_device": "node2:disk",
+                "dependencies": ["download"],
+            },
+            {
+                "action_id": "stage",
+                "action_type": "move",
+                "model_name": "minilm-wf",
+                "devices": ["node2:disk", "node2:dram"],
+                "keep_source": True,
+                "dependencies": ["replicate"],
+            },
+            {
+                "action_id": "serve",
+                "action_type": "serve",
+                "model_name": "minilm-wf",
+                "device": "node2:cpu",
+                "dependencies": ["stage"],
+            },
+            {
+                "action_id": "check",
+                "action_type": "health_check",
+                "target_url": "${serve.service_url}/health",
+                "devices": [],
+                "dependencies": ["serve"],
+            },
+            {
+                "action_id": "stop",
+                "action_type": "stop_serve",
+                "model_name": "minilm-wf",
+                "device": "node2:cpu",
+                "dependencies": ["check"],
+            },
         ],
     }
     code, body = fleet.post("/workflows", doc)
     assert code == 201, body
     wf = body["id"]
-    body = wait_for(lambda: (b := fleet.get(f"/workflows/{wf}")[1])["status"] != "running" and b, 240,
-                    "the deployment workflow")
+    body = wait_for(
+        lambda: (b := fleet.get(f"/workflows/{wf}")[1])["status"] != "running" and b, 240, "the deployment workflow"
+    )
     steps = {s["action_id"]: s for s in body["steps"]}
     assert body["status"] == "succeeded", steps
     assert steps["check"]["outputs"]["status_code"] == 200
@@ -376,5 +410,5 @@ def test_a_cpu_deployment_workflow_runs_end_to_end(fleet: Fleet, model_dir: Path
     model = fleet.get("/models/minilm-wf")[1]
     assert model["locations"] == ["node1:disk", "node2:disk", "node2:dram"]
     assert model["manifest"]["total_bytes"] > 90_000_000
-    svc = fleet.get(f"/services?model_name=minilm-wf")[1]["services"]
+    svc = fleet.get("/services?model_name=minilm-wf")[1]["services"]
     assert [s["status"] for s in svc] == ["stopped"]

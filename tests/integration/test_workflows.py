@@ -244,8 +244,10 @@ def test_yaml_multipart_graph_queue_and_refusals(fleet: Fleet) -> None:
 
 
 def test_restarting_the_control_worker_mid_run_loses_nothing(fleet: Fleet) -> None:
-    actions = [noop(f"s{i}", *([f"s{i-1}"] if i else []), node="node1" if i % 2 else "node2", duration_s=0.1)
-               for i in range(30)]
+    actions = [
+        noop(f"s{i}", *([f"s{i - 1}"] if i else []), node="node1" if i % 2 else "node2", duration_s=0.1)
+        for i in range(30)
+    ]
     code, body = fleet.post("/workflows", {"name": "restart", "actions": actions})
     wf = body["id"]
     wait_for(lambda: fleet.get(f"/workflows/{wf}")[1]["step_counts"].get("succeeded", 0) >= 3, 20, "progress")
