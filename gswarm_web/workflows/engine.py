@@ -96,6 +96,7 @@ class _RowView:
     """A dict-backed stand-in for a TaskRecord during submission (rows were bulk-inserted)."""
 
     id: str
+    state: str
 
     def __init__(self, row: dict[str, Any]) -> None:
         self.__dict__.update(row)
