@@ -17,6 +17,7 @@ from gswarm_tasks.settings import load_settings
 from .client import ApiClient
 from .model import model
 from .up import client, host, up
+from .workflow import queue, workflow
 
 console = Console()
 err_console = Console(stderr=True)
@@ -65,6 +66,8 @@ main.add_command(up)
 main.add_command(host)
 main.add_command(client)
 main.add_command(model)
+main.add_command(workflow)
+main.add_command(queue)
 
 
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:

@@ -46,7 +46,7 @@ class ApiClient:
             body = resp.json()
         except ValueError:
             body = {}
-        if resp.status_code >= 400 and not (path.startswith("health") and "status" in body):
+        if resp.status_code >= 400 and not (path.startswith("health") and isinstance(body, dict) and "status" in body):
             raise ApiError(resp.status_code, body if isinstance(body, dict) else {})
         return body
 

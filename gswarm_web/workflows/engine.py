@@ -304,11 +304,12 @@ def _advance(run: WorkflowRun, steps: dict[str, Any]) -> list[tuple[str, list[An
             active += 1
     states = {s.state for s in steps.values()}
     if run.status == "running" and states <= set(TERMINAL):
-        run.status = (
-            "succeeded"
-            if states == {"succeeded"}
-            else ("failed" if "failed" in states or "skipped" in states else "cancelled")
-        )
+        if states == {"succeeded"}:
+            run.status = "succeeded"
+        elif "failed" in states or "cancelled" not in states:
+            run.status = "failed"
+        else:
+            run.status = "cancelled"  # a step was cancelled and none failed
         run.finished_at = now()
     return sends
 

@@ -257,3 +257,67 @@ def test_restarting_the_control_worker_mid_run_loses_nothing(fleet: Fleet) -> No
     body = wait_done(fleet, wf, 60)
     assert body["status"] == "succeeded"
     assert all(s["state"] == "succeeded" and s["started_at"] and s["finished_at"] for s in body["steps"])
+
+
+def test_cli_runs_a_workflow_and_its_exit_code_says_how_it_went(fleet: Fleet, tmp_path: Any) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    url = fleet.serve_http()
+    env = {**fleet.env, "GSWARM_API_URL": url, "GSWARM_TOKEN": fleet.token}
+    gswarm = str(Path(sys.executable).with_name("gswarm"))
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(yaml.safe_dump({"name": "cli-good", "actions": [noop("a"), noop("b", "a", node="node2")]}))
+    bad.write_text(yaml.safe_dump({"name": "cli-bad", "actions": [noop("a", fail_times=3), noop("b", "a")]}))
+    r = subprocess.run(
+        [gswarm, "workflow", "run", str(good), "--wait"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and "workflow succeeded" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run(
+        [gswarm, "workflow", "run", str(bad), "--wait"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 1 and "workflow failed" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run(
+        [gswarm, "workflow", "example", "--output", str(tmp_path / "ex")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and len(list((tmp_path / "ex").glob("*.yaml"))) == 6
+    for f in (tmp_path / "ex").glob("*.yaml"):
+        r2 = fleet.client.post(
+            "/api/v1/workflows/validate",
+            data=f.read_text(),
+            headers={**fleet.auth(), "Content-Type": "application/yaml"},
+        )
+        assert r2.status_code == 200 and r2.json["valid"], (f.name, r2.json)
+    r = subprocess.run(
+        [gswarm, "queue", "history", "--limit", "3"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and "succeeded" in r.stdout
+
+
+def test_a_step_over_its_time_limit_fails(fleet: Fleet) -> None:
+    body = run(fleet, [noop("slow", duration_s=20, timeout_s=1), noop("after", "slow")])
+    s = steps(body)
+    assert body["status"] == "failed" and s["slow"]["state"] == "failed" and s["after"]["state"] == "skipped"
+    assert "TimeLimit" in s["slow"]["error"]["message"]
+    assert t(s["slow"], "finished_at") - t(s["slow"], "started_at") < 5
+
+
+def test_cancelling_one_step_skips_its_dependents(fleet: Fleet) -> None:
+    code, body = fleet.post(
+        "/workflows",
+        {"name": "one", "actions": [noop("long", duration_s=30), noop("x", "long"), noop("other", node="node2")]},
+    )
+    wf = body["id"]
+    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["long"]["state"] == "running", 20, "long running")
+    tid = steps(fleet.get(f"/workflows/{wf}")[1])["long"]["task_id"]
+    code, task = fleet.post(f"/queue/tasks/{tid}/cancel", {})
+    assert code == 200 and task["status"] == "cancelled"
+    body = wait_done(fleet, wf, 30)
+    s = steps(body)
+    assert s["long"]["state"] == "cancelled" and s["x"]["state"] == "skipped" and s["other"]["state"] == "succeeded"
+    assert body["status"] == "cancelled"

@@ -1,0 +1,189 @@
+"""`gswarm workflow ...` and `gswarm queue ...`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from gswarm_tasks.settings import load_settings
+
+from .client import ApiClient
+
+console = Console()
+STATE_STYLE = {
+    "succeeded": "green",
+    "failed": "red",
+    "running": "cyan",
+    "queued": "blue",
+    "pending": "white",
+    "skipped": "yellow",
+    "cancelled": "magenta",
+}
+
+
+def api() -> ApiClient:
+    return ApiClient.from_settings(load_settings())
+
+
+def steps_table(wf: dict[str, Any]) -> Table:
+    table = Table(title=f"{wf['name']} [{wf['status']}]  {wf['id']}")
+    for col in ("step", "type", "state", "node", "device", "tries", "time", "detail"):
+        table.add_column(col)
+    for s in wf.get("steps", []):
+        took = "-"
+        if s.get("started_at") and s.get("finished_at"):
+            span = datetime.fromisoformat(s["finished_at"]) - datetime.fromisoformat(s["started_at"])
+            took = f"{span.total_seconds():.1f}s"
+        detail = (s.get("error") or {}).get("message") or ", ".join(
+            f"{k}={v}" for k, v in (s.get("outputs") or {}).items() if k != "output"
+        )[:60]
+        style = STATE_STYLE.get(s["state"], "")
+        table.add_row(
+            s["action_id"],
+            s["action_type"],
+            f"[{style}]{s['state']}[/]",
+            s.get("node") or "-",
+            s.get("device") or "-",
+            str(s.get("attempts") or 0),
+            took,
+            str(detail)[:70],
+        )
+    return table
+
+
+@click.group("workflow")
+def workflow() -> None:
+    """Workflows: YAML DAGs of model and data actions."""
+
+
+@workflow.command("run")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--wait", is_flag=True, help="Follow it live; the exit code says whether it succeeded.")
+def run(file: str, wait: bool) -> None:
+    """Submit a workflow file (YAML or JSON)."""
+    c = api()
+    body = c.request("POST", "workflows", data=Path(file).read_bytes(), headers={"Content-Type": "application/yaml"})
+    console.print(f"workflow {body['id']} submitted ({sum(body['step_counts'].values())} steps)")
+    if not wait:
+        return
+    with Live(console=console, refresh_per_second=4) as live:
+        while True:
+            wf = c.get(f"workflows/{body['id']}")
+            live.update(steps_table(wf))
+            if wf["status"] != "running":
+                break
+            time.sleep(0.5)
+    style = STATE_STYLE.get(wf["status"], "")
+    console.print(f"[{style}]workflow {wf['status']}[/]")
+    sys.exit(0 if wf["status"] == "succeeded" else 1)
+
+
+@workflow.command("list")
+@click.option("--status", default=None)
+def list_workflows(status: str | None) -> None:
+    """List workflows, newest first."""
+    body = api().get("workflows", status=status, per_page=100)
+    table = Table("id", "name", "status", "steps", "created")
+    for w in body["workflows"]:
+        counts = ", ".join(f"{k} {v}" for k, v in w["step_counts"].items())
+        table.add_row(w["id"], w["name"], w["status"], counts, w["created_at"][:19])
+    console.print(table)
+
+
+@workflow.command("status")
+@click.argument("workflow_id")
+@click.option("--json", "as_json", is_flag=True)
+def status(workflow_id: str, as_json: bool) -> None:
+    """Every step of a workflow."""
+    wf = api().get(f"workflows/{workflow_id}")
+    if as_json:
+        click.echo(json.dumps(wf, indent=2))
+    else:
+        console.print(steps_table(wf))
+
+
+@workflow.command("cancel")
+@click.argument("workflow_id")
+def cancel(workflow_id: str) -> None:
+    """Cancel a running workflow."""
+    wf = api().post(f"workflows/{workflow_id}/cancel", {})
+    console.print(f"workflow {wf['id']} {wf['status']}")
+
+
+@workflow.command("example")
+@click.option("--output", "output", required=True, type=click.Path(file_okay=False), help="Directory to write to.")
+def example(output: str) -> None:
+    """Write the example workflows of the original gswarm docs."""
+    from gswarm_web.workflows.examples import EXAMPLES
+
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in EXAMPLES.items():
+        (out / f"{name}.yaml").write_text(text)
+        console.print(f"wrote {out / f'{name}.yaml'}")
+
+
+@click.group("queue")
+def queue() -> None:
+    """The task queue of the fleet."""
+
+
+@queue.command("status")
+def queue_status() -> None:
+    """Pending, running and completed tasks per node and priority."""
+    body = api().get("queue")
+    table = Table("node", "priority", "pending", "running", "completed", "failed")
+    for node, prios in sorted(body["nodes"].items()):
+        for prio, c in prios.items():
+            table.add_row(node, prio, str(c["pending"]), str(c["running"]), str(c["completed"]), str(c["failed"]))
+    console.print(table)
+    console.print("totals: " + ", ".join(f"{k} {v}" for k, v in body["totals"].items()))
+
+
+def tasks_table(tasks: list[dict[str, Any]]) -> Table:
+    table = Table("task", "kind", "status", "node", "model/step", "created", "error")
+    for t in tasks:
+        table.add_row(
+            t["task_id"],
+            t["kind"],
+            t["status"],
+            t.get("node") or "-",
+            t.get("model_name") or "-",
+            t["created_at"][:19],
+            ((t.get("error") or {}).get("message") or "")[:50],
+        )
+    return table
+
+
+@queue.command("tasks")
+@click.option("--status", default=None)
+@click.option("--node", default=None)
+def queue_tasks(status: str | None, node: str | None) -> None:
+    """Tasks, newest first."""
+    console.print(tasks_table(api().get("queue/tasks", status=status, node=node, per_page=100)["tasks"]))
+
+
+@queue.command("cancel")
+@click.argument("task_id")
+def queue_cancel(task_id: str) -> None:
+    """Cancel a pending or running task."""
+    t = api().post(f"queue/tasks/{task_id}/cancel", {})
+    console.print(f"task {t['task_id']} {t['status']}")
+
+
+@queue.command("history")
+@click.option("--limit", default=20, show_default=True)
+@click.option("--status", default=None)
+@click.option("--since", default=None, help="ISO 8601 time.")
+def queue_history(limit: int, status: str | None, since: str | None) -> None:
+    """Finished tasks, most recent first."""
+    console.print(tasks_table(api().get("queue/history", limit=limit, status=status, since=since)["tasks"]))
