@@ -20,6 +20,8 @@ class GpuSource(Protocol):
 
     def gpus(self) -> list[dict[str, Any]]: ...
 
+    def sample(self, bandwidth: bool, nvlink: bool) -> list[dict[str, Any]]: ...
+
 
 class NvitopSource:
     """GPUs through nvitop; NVML is started lazily and a missing library is remembered, not retried each call."""
@@ -77,6 +79,95 @@ class NvitopSource:
             )
         return out
 
+    def sample(self, bandwidth: bool = True, nvlink: bool = False) -> list[dict[str, Any]]:
+        """One reading of every GPU; units in the names (bytes, bytes/s, percent, C, W, MHz)."""
+        out = []
+        for dev in self._load():
+            with dev.oneshot():
+                total, used = _num(dev.memory_total()), _num(dev.memory_used())
+                power_mw = _num(dev.power_usage())
+                row: dict[str, Any] = {
+                    "index": _num(dev.index),
+                    "uuid": _str(dev.uuid()),
+                    "name": _str(dev.name()),
+                    "utilization_percent": _num(dev.gpu_utilization()),
+                    "memory_used_bytes": used,
+                    "memory_total_bytes": total,
+                    "memory_percent": round(100.0 * used / total, 2) if used is not None and total else None,
+                    "temperature_c": _num(dev.temperature()),
+                    "power_w": round(power_mw / 1000.0, 3) if power_mw is not None else None,
+                    "sm_clock_mhz": _num(dev.sm_clock()),
+                    "memory_clock_mhz": _num(dev.memory_clock()),
+                    "processes": [
+                        {"pid": p.pid, "gpu_memory_bytes": _num(p.gpu_memory())} for p in dev.processes().values()
+                    ],
+                }
+                if bandwidth:  # NVML reports KiB/s; rx is host -> GPU, tx is GPU -> host
+                    rx, tx = _num(dev.pcie_rx_throughput()), _num(dev.pcie_tx_throughput())
+                    row["pcie_rx_bytes_per_s"] = rx * 1024 if rx is not None else None
+                    row["pcie_tx_bytes_per_s"] = tx * 1024 if tx is not None else None
+                if nvlink:
+                    links = [(_num(t), _num(r)) for t, r in (dev.nvlink_throughput() or [])]
+                    row["nvlink_tx_bytes_per_s"] = sum(t or 0 for t, _ in links) * 1024
+                    row["nvlink_rx_bytes_per_s"] = sum(r or 0 for _, r in links) * 1024
+            out.append(row)
+        return out
+
+
+class FakeGpuSource:
+    """Deterministic GPUs for tests and benchmarks (`GSWARM_FAKE_GPUS=N`): readings follow a slow sine."""
+
+    def __init__(self, count: int, name: str = "Fake H100 80GB") -> None:
+        self.count = count
+        self.name = name
+        self.t0 = time.monotonic()
+
+    def available(self) -> bool:
+        return self.count > 0
+
+    def gpus(self) -> list[dict[str, Any]]:
+        total = 80 * 1024**3
+        return [
+            {
+                "index": i,
+                "uuid": f"GPU-fake-{i:04d}",
+                "name": self.name,
+                "memory_total_bytes": total,
+                "memory_used_bytes": total // 4,
+                "utilization_percent": 50,
+                "temperature_c": 40,
+            }
+            for i in range(self.count)
+        ]
+
+    def sample(self, bandwidth: bool = True, nvlink: bool = False) -> list[dict[str, Any]]:
+        import math
+
+        t = time.monotonic() - self.t0
+        total = 80 * 1024**3
+        out = []
+        for g in self.gpus():
+            i = g["index"]
+            util = round(50 + 45 * math.sin(t / 5 + i), 1)
+            used = int(total * (0.3 + 0.2 * math.sin(t / 7 + i)))
+            row = {
+                **g,
+                "utilization_percent": util,
+                "memory_used_bytes": used,
+                "memory_percent": round(100.0 * used / total, 2),
+                "temperature_c": 40 + i,
+                "power_w": 300.0 + i,
+                "sm_clock_mhz": 1755,
+                "memory_clock_mhz": 2619,
+                "processes": [],
+            }
+            if bandwidth:
+                row["pcie_rx_bytes_per_s"], row["pcie_tx_bytes_per_s"] = 12_000_000_000 + i, 3_000_000_000 + i
+            if nvlink:
+                row["nvlink_rx_bytes_per_s"], row["nvlink_tx_bytes_per_s"] = 100_000_000_000, 90_000_000_000
+            out.append(row)
+        return out
+
 
 def _num(v: Any) -> int | float | None:
     # nvitop maps an NVML error to the NA sentinel (a str); numbers stay numbers, NA becomes null.
@@ -87,13 +178,17 @@ def _str(v: Any) -> str | None:
     return v if isinstance(v, str) and v != "N/A" else None
 
 
-_default: NvitopSource | None = None
+_default: GpuSource | None = None
 
 
-def default_source() -> NvitopSource:
+def default_source() -> GpuSource:
+    """NVML through nvitop; `GSWARM_FAKE_GPUS=N` puts N fake GPUs there instead (tests, benchmarks)."""
     global _default
     if _default is None:
-        _default = NvitopSource()
+        import os
+
+        fake = int(os.environ.get("GSWARM_FAKE_GPUS") or 0)
+        _default = FakeGpuSource(fake) if fake else NvitopSource()
     return _default
 
 

@@ -17,6 +17,7 @@ from .celery_app import settings_of
 from .devices import NODE_NAME_RE, RESERVED_NODE_NAMES
 from .errors import TaskFailed
 from .node import Heartbeat, route_address
+from .profiler import Sampler
 from .recovery import restore_orphans
 from .serving import ServiceMonitor, ServiceRegistry
 from .storage import Tiers
@@ -44,6 +45,7 @@ _heartbeat: Heartbeat | None = None
 _started_at = 0.0
 _file_server: FileServer | None = None
 _monitor: ServiceMonitor | None = None
+_sampler: Sampler | None = None
 
 
 def current_node() -> NodeContext | None:
@@ -103,7 +105,7 @@ def _on_setup(sender: str, instance: Any, **_: Any) -> None:
 
 @worker_ready.connect
 def _on_ready(sender: Any = None, **_: Any) -> None:
-    global _heartbeat, _file_server, _monitor
+    global _heartbeat, _file_server, _monitor, _sampler
     if _node is None or _heartbeat is not None:
         return
     settings = settings_of(sender.app)
@@ -131,6 +133,14 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         services=_node.services.snapshot,
     )
     _heartbeat.start()
+    _sampler = Sampler(
+        redis.Redis.from_url(settings.effective_redis_url, socket_timeout=2, socket_connect_timeout=2),
+        _node.name,
+        settings.profiling_frequency_ms / 1000,
+        bandwidth=settings.profiling_bandwidth,
+        nvlink=settings.profiling_nvlink,
+    )
+    _sampler.start()
 
 
 def _start_file_server(node: NodeContext, roots: dict[str, Path], client: Any, host: str, settings: Any) -> FileServer:
@@ -195,7 +205,10 @@ def _on_task_failure(
 
 @worker_shutdown.connect
 def _on_shutdown(**_: Any) -> None:
-    global _heartbeat, _file_server, _monitor
+    global _heartbeat, _file_server, _monitor, _sampler
+    if _sampler is not None:
+        _sampler.stop()
+        _sampler = None
     if _monitor is not None:
         _monitor.stop()
         _monitor = None

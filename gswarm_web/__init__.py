@@ -49,7 +49,7 @@ def flask_config(settings: Settings) -> dict[str, Any]:
 
 def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     """Build the control-plane app from settings (default: loaded from config file and environment)."""
-    from . import health, models_api, nodes, queue_api, services_api, tokens
+    from . import health, models_api, nodes, profiler_api, queue_api, services_api, tokens
     from .auth import init_auth
     from .errors import register_error_handlers
     from .extensions import api, db
@@ -71,7 +71,17 @@ def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     app.extensions["gswarm_api"] = api
     register_error_handlers(app)
     init_auth(app)
-    for blp in (health.blp, nodes.blp, models_api.blp, services_api.blp, workflows_api.blp, queue_api.blp, tokens.blp):
+    blueprints = (
+        health.blp,
+        nodes.blp,
+        models_api.blp,
+        services_api.blp,
+        workflows_api.blp,
+        queue_api.blp,
+        profiler_api.blp,
+        tokens.blp,
+    )
+    for blp in blueprints:
         api.register_blueprint(blp)
     return app
 

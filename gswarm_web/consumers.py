@@ -185,9 +185,15 @@ class ControlConsumersStep(bootsteps.StartStopStep):
         for c in self.consumers:
             c.consumer = worker.hostname  # stable: a restarted worker finds its own unacknowledged entries
             c.start()
+        from .profiling import frames_consumer
+
+        self.frames = frames_consumer(settings.effective_redis_url, worker.hostname)
+        self.frames.start()
         log.info("control consumers started: %s", ", ".join(c.stream for c in self.consumers))
 
     def stop(self, worker: Any) -> None:
         for c in self.consumers:
             c.stop()
         self.consumers = []
+        if getattr(self, "frames", None) is not None:
+            self.frames.stop()

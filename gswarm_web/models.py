@@ -210,3 +210,22 @@ class TaskRecord(db.Model):  # type: ignore[name-defined]
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class ProfilerSession(db.Model):  # type: ignore[name-defined]
+    """A named time window over the nodes' frame streams; its summary is kept when it stops."""
+
+    __tablename__ = "profiler_sessions"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16), default="active", index=True)
+    freq_ms: Mapped[int] = mapped_column(Integer, default=1000)
+    nodes: Mapped[list[str]] = mapped_column(JSON, default=list)
+    enable_bandwidth: Mapped[bool] = mapped_column(db.Boolean, default=True)
+    enable_nvlink: Mapped[bool] = mapped_column(db.Boolean, default=False)
+    start_time: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    end_time: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    frame_count: Mapped[int | None] = mapped_column(Integer)
+    summary_by_device: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    summary_by_node: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    request_time_info: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)

@@ -16,6 +16,7 @@ from gswarm_tasks.settings import load_settings
 
 from .client import ApiClient
 from .model import model
+from .profiler import profiler
 from .up import client, host, up
 from .workflow import queue, workflow
 
@@ -68,6 +69,7 @@ main.add_command(client)
 main.add_command(model)
 main.add_command(workflow)
 main.add_command(queue)
+main.add_command(profiler)
 
 
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:

@@ -478,6 +478,11 @@ def cancel_workflow(run: WorkflowRun, steps: dict[str, TaskRecord] | None = None
 
 def cancel_task(rec: TaskRecord) -> None:
     """Cancel one task: a workflow step (its dependents are skipped) or a standalone operation."""
+    run = None
+    if rec.workflow_id:
+        # Lock order as in apply_step_events (workflow row, then its steps), or the two deadlock.
+        run = db.session.get(WorkflowRun, rec.workflow_id, with_for_update=True)
+        db.session.refresh(rec)
     if rec.state not in ("pending", "queued", "running"):
         raise InvalidRequest(f"task {rec.id} is already {rec.state}", {"state": rec.state})
     redis_client().set(CANCEL_TASK_KEY.format(rec.id), "cancelled", ex=KEEP_S)
@@ -488,7 +493,6 @@ def cancel_task(rec: TaskRecord) -> None:
             log.warning("revoke of %s failed: %s", rec.id, exc)
     rec.state, rec.finished_at = "cancelled", now()
     if rec.workflow_id:
-        run = db.session.get(WorkflowRun, rec.workflow_id)
         if run is not None:
             steps = {s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id))}
             sends = _advance(run, steps)

@@ -30,7 +30,9 @@ def sha256(path: Path) -> str:
 class Fleet:
     """Processes and an API client; `api()` calls the app like an HTTP client would."""
 
-    def __init__(self, tmp: Path, redis_db: int, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, tmp: Path, redis_db: int, extra_env: dict[str, str] | None = None, redis_url: str | None = None
+    ) -> None:
         self.tmp = tmp
         self.home = tmp / "home"
         self.home.mkdir(parents=True, exist_ok=True)
@@ -40,7 +42,7 @@ class Fleet:
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.db_name}"')
         base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-        self.redis_url = f"redis://{REDIS_HOST}:{REDIS_PORT}/{redis_db}"
+        self.redis_url = redis_url or f"redis://{REDIS_HOST}:{REDIS_PORT}/{redis_db}"
         redis.Redis.from_url(self.redis_url).flushdb()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("GSWARM_")}
         self.env.update(

@@ -1,0 +1,141 @@
+"""Profiling on real workers with fake GPUs: frequency, overlapping windows, a Redis outage, /metrics."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.fleet import Fleet
+from tests.integration.procs import wait_for
+
+
+def until(seconds: float) -> None:
+    """Let a measured window pass (the test measures a rate over it; it waits on nothing else)."""
+    end = time.monotonic() + seconds
+    wait_for(lambda: time.monotonic() >= end, seconds + 5, f"a {seconds} s window", interval=0.05)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    f = Fleet(tmp_path_factory.mktemp("prof"), redis_db=10, extra_env={"GSWARM_FAKE_GPUS": "2"})
+    try:
+        f.start("control", "control", app_module="gswarm_web.celery_app")
+        f.start_node("node1")
+        yield f
+    finally:
+        f.close()
+
+
+def test_overlapping_sessions_each_get_their_frequency_and_window(fleet: Fleet) -> None:
+    code, a = fleet.post("/profiler/sessions", {"name": "a", "freq_ms": 200, "nodes": ["node1"]})
+    assert code == 201, a
+    until(3)
+    code, b = fleet.post("/profiler/sessions", {"name": "b", "freq_ms": 100, "nodes": ["node1"]})
+    until(3)
+    fleet.post("/profiler/sessions/b/stop", {})
+    until(4)
+    code, a_stopped = fleet.post("/profiler/sessions/a/stop", {})
+    assert code == 200 and a_stopped["state"] == "stopped"
+    ea = fleet.get("/profiler/sessions/a/export")[1]
+    eb = fleet.get("/profiler/sessions/b/export")[1]
+    b_info = fleet.get("/profiler/sessions/b")[1]
+    from datetime import datetime
+
+    def window(doc: dict[str, Any]) -> tuple[float, float]:
+        return datetime.fromisoformat(doc["start_time"]).timestamp(), datetime.fromisoformat(
+            doc["end_time"]
+        ).timestamp()
+
+    for doc in (ea, eb):
+        lo, hi = window(doc)
+        assert all(lo - 0.01 <= f["time"] <= hi + 0.01 for f in doc["frames"]), doc["session_name"]
+        assert {f["gpu_id"] for f in doc["frames"]} == {"node1:0:Fake H100 80GB", "node1:1:Fake H100 80GB"}
+    lo, hi = window(ea)
+    expected_a = (hi - lo) / 0.2
+    assert abs(a_stopped["frame_count"] - expected_a) <= 0.1 * expected_a, (a_stopped["frame_count"], expected_a)
+    lo, hi = window(eb)
+    expected_b = (hi - lo) / 0.1
+    assert abs(b_info["frame_count"] - expected_b) <= 0.1 * expected_b, (b_info["frame_count"], expected_b)
+    dev = a_stopped["summary_by_device"]["node1:0:Fake H100 80GB"]
+    assert 0 <= dev["gpu_util"]["mean"] <= 100 and dev["gpu_util"]["max"] >= dev["gpu_util"]["mean"]
+    assert "pcie_rx_bytes_per_s" in ea["frames"][0]
+
+
+def test_metrics_latest_and_prometheus(fleet: Fleet) -> None:
+    latest = wait_for(lambda: fleet.get("/metrics/latest")[1]["nodes"].get("node1"), 10, "a frame of node1")
+    assert latest["age_s"] < 3 and len(latest["gpus"]) == 2
+    r = fleet.client.get("/api/v1/metrics", headers=fleet.auth())
+    assert r.status_code == 200 and r.mimetype == "text/plain"
+    families = {f.name: f for f in text_string_to_metric_families(r.get_data(as_text=True))}
+    util = families["DCGM_FI_DEV_GPU_UTIL"].samples
+    assert {s.labels["gpu"] for s in util} == {"0", "1"} and {s.labels["Hostname"] for s in util} == {"node1"}
+    assert families["gswarm_host_cpu_percent"].samples[0].labels["Hostname"] == "node1"
+    assert fleet.client.get("/api/v1/metrics").status_code == 401
+
+
+def test_session_refusals(fleet: Fleet) -> None:
+    assert fleet.post("/profiler/sessions", {"name": "fast", "freq_ms": 50})[0] == 422
+    assert fleet.post("/profiler/sessions", {"name": "x", "nodes": ["ghost"]})[0] == 404
+    assert fleet.post("/profiler/sessions", {"name": "../x"})[0] == 422
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_redis_outage_leaves_no_gap_in_the_frames(tmp_path: Path) -> None:
+    port = free_port()
+    data = tmp_path / "redis"
+    data.mkdir()
+    argv = [
+        shutil.which("redis-server") or "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(data),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--save",
+        "",
+    ]
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    wait_for(lambda: redis.Redis.from_url(url).ping(), 10, "the dedicated redis")
+    f = Fleet(tmp_path / "fleet", redis_db=0, redis_url=url, extra_env={"GSWARM_FAKE_GPUS": "1"})
+    try:
+        f.start("control", "control", app_module="gswarm_web.celery_app")
+        f.start_node("node1")
+        assert f.post("/profiler/sessions", {"name": "outage", "freq_ms": 200, "nodes": ["node1"]})[0] == 201
+        until(2)
+        server.terminate()
+        server.wait(10)
+        until(10)  # the node keeps sampling into its buffer
+        server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: redis.Redis.from_url(url).ping(), 10, "redis back")
+        until(3)
+        code, stopped = f.post("/profiler/sessions/outage/stop", {})
+        assert code == 200, stopped
+        times = sorted({fr["time"] for fr in f.get("/profiler/sessions/outage/export")[1]["frames"]})
+        steady = [t for t in times if t > times[0] + 0.5]  # the node learns of a new session within 0.25 s
+        gaps = [b - a for a, b in zip(steady, steady[1:], strict=False)]
+        assert max(gaps) < 0.6, max(gaps)  # no hole where Redis was down
+        assert times[-1] - times[0] > 13
+    finally:
+        f.close()
+        server.terminate()
+        server.wait(10)

@@ -1,0 +1,90 @@
+"""The sampler's buffer, the export shape and the Prometheus text (fakeredis is enough here)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import fakeredis
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from gswarm_tasks.nvml import FakeGpuSource
+from gswarm_tasks.profiler import FRAMES_KEY, Sampler
+from gswarm_web.profiling import at_frequency, export_document, prometheus_text
+
+
+def test_frames_are_buffered_while_redis_is_down_and_flushed_in_order() -> None:
+    down = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, socket_timeout=0.2, retry=None)
+    s = Sampler(down, "n1", 1.0, source=FakeGpuSource(2), buffer_size=5)
+    for _ in range(7):
+        s.step()
+        s.sync()
+    assert len(s.buffer) == 5 and s.dropped == 2  # bounded: the oldest go first
+    up = fakeredis.FakeRedis()
+    s.client = up
+    assert s.flush()
+    seqs = [json.loads(f[b"data"])["seq"] for _, f in up.xrange(FRAMES_KEY.format("n1"))]
+    assert seqs == [3, 4, 5, 6, 7]
+    assert not s.buffer
+
+
+def test_sampler_follows_the_fastest_session_for_its_node() -> None:
+    r = fakeredis.FakeRedis()
+    r.hset("gswarm:profiler:sessions", "a", json.dumps({"freq_ms": 500, "nodes": []}))
+    r.hset("gswarm:profiler:sessions", "b", json.dumps({"freq_ms": 100, "nodes": ["other"]}))
+    s = Sampler(r, "n1", 1.0, source=FakeGpuSource(1))
+    s.step()
+    s.sync()
+    assert s.period_s == 0.5
+    r.hset("gswarm:profiler:sessions", "c", json.dumps({"freq_ms": 50, "nodes": ["n1"], "enable_nvlink": True}))
+    s._next_sessions_check = 0
+    s.step()
+    s.sync()
+    assert s.period_s == 0.1 and s.nvlink  # clamped to the 100 ms minimum
+
+
+def frames(n: int, node: str = "n1", period: float = 0.1) -> list[dict]:
+    src = FakeGpuSource(2)
+    return [
+        {
+            "node": node,
+            "seq": i,
+            "time": 1000 + i * period,
+            "gpus": src.sample(True, False),
+            "host": {"cpu_percent": float(i), "dram_percent": 50.0},
+        }
+        for i in range(n)
+    ]
+
+
+def test_export_shape_and_summaries() -> None:
+    doc = export_document("s", datetime.now(UTC), None, frames(10), bandwidth=True, nvlink=False)
+    assert set(doc) == {"session_name", "start_time", "end_time", "frames", "summary_by_device", "summary_by_node"}
+    row = doc["frames"][0]
+    assert set(row) == {
+        "frame_id",
+        "time",
+        "gpu_id",
+        "gpu_util",
+        "gpu_memory",
+        "pcie_rx_bytes_per_s",
+        "pcie_tx_bytes_per_s",
+    }
+    assert row["gpu_id"] == "n1:0:Fake H100 80GB"
+    assert len(doc["frames"]) == 20 and set(doc["summary_by_device"]) == {"n1:0:Fake H100 80GB", "n1:1:Fake H100 80GB"}
+    cpu = doc["summary_by_node"]["n1"]["cpu_percent"]
+    assert cpu == {"mean": 4.5, "max": 9.0, "p95": 9.0}
+    assert len(at_frequency(frames(10, period=0.1), 0.2)) == 5
+
+
+def test_prometheus_text_parses_with_dcgm_names() -> None:
+    frame = frames(1)[0]
+    latest = {"node-a": frame}
+    families = {f.name: f for f in text_string_to_metric_families(prometheus_text(latest))}
+    util = families["DCGM_FI_DEV_GPU_UTIL"]
+    assert len(util.samples) == 2
+    assert util.samples[0].labels["Hostname"] == "node-a" and util.samples[0].labels["gpu"] == "0"
+    fb = families["DCGM_FI_DEV_FB_USED"].samples[0]
+    assert fb.value == frame["gpus"][0]["memory_used_bytes"] / 2**20  # MiB, as DCGM reports it
+    assert "gswarm_host_cpu_percent" in families and "DCGM_FI_DEV_POWER_USAGE" in families
