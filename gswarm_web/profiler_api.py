@@ -207,3 +207,30 @@ class Metrics(MethodView):
     def get(self) -> Response:
         """Prometheus text format; GPU gauges named as NVIDIA's DCGM exporter names them"""
         return Response(prometheus_text(latest()), mimetype="text/plain; version=0.0.4")
+
+
+class PlotArgsSchema(ma.Schema):
+    format = ma.fields.String(load_default="png", validate=ma.validate.OneOf(("png", "pdf")))
+
+
+@blp.route("/profiler/sessions/<string:name>/plot")
+class SessionPlot(MethodView):
+    @blp.arguments(PlotArgsSchema, location="query")
+    def get(self, args: dict[str, Any], name: str) -> Response:
+        """Utilization, memory, bandwidth and a heatmap over time, with workflow steps as spans (PNG or PDF)"""
+        from .models import TaskRecord
+        from .plots import render, step_spans
+
+        s = get_session(name)
+        doc = document(s)
+        rows = db.session.scalars(
+            db.select(TaskRecord).where(
+                TaskRecord.workflow_id.is_not(None),
+                TaskRecord.started_at.is_not(None),
+                TaskRecord.started_at <= (s.end_time or datetime.now(UTC)),
+            )
+        )
+        data, panels = render(doc, step_spans(list(rows), s.start_time, s.end_time), args["format"])
+        resp = Response(data, mimetype="image/png" if args["format"] == "png" else "application/pdf")
+        resp.headers["X-Panels"] = str(panels)
+        return resp

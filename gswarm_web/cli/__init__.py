@@ -20,7 +20,7 @@ from .profiler import profiler
 from .up import client, host, up
 from .workflow import queue, workflow
 
-console = Console()
+console = Console(soft_wrap=True)
 err_console = Console(stderr=True)
 
 

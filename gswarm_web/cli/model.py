@@ -16,7 +16,7 @@ from gswarm_tasks.settings import load_settings
 
 from .client import ApiClient
 
-console = Console()
+console = Console(soft_wrap=True)
 
 
 def api() -> ApiClient:

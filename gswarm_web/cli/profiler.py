@@ -13,7 +13,7 @@ from gswarm_tasks.settings import load_settings
 
 from .client import ApiClient
 
-console = Console()
+console = Console(soft_wrap=True)
 
 
 def api() -> ApiClient:
@@ -108,3 +108,22 @@ def export(name: str, output: str | None) -> None:
     path = Path(output or f"{name}.json")
     path.write_text(json.dumps(doc))
     console.print(f"wrote {path} ({len(doc['frames'])} GPU readings)")
+
+
+@profiler.command("analyze")
+@click.option("--data", "data", required=True, type=click.Path(exists=True, dir_okay=False), help="An export JSON.")
+@click.option("--plot", "plot", required=True, type=click.Path(dir_okay=False), help="OUT.pdf or OUT.png")
+def analyze(data: str, plot: str) -> None:
+    """Summarize an exported session and plot it (offline; no API needed)."""
+    from gswarm_web.plots import render
+
+    doc = json.loads(Path(data).read_text())
+    for dev, st in (doc.get("summary_by_device") or {}).items():
+        console.print(
+            f"{dev}: util mean {st['gpu_util']['mean']} p95 {st['gpu_util']['p95']} max "
+            f"{st['gpu_util']['max']}; memory mean {st['gpu_memory']['mean']}%"
+        )
+    fmt = "pdf" if plot.lower().endswith(".pdf") else "png"
+    out, panels = render(doc, None, fmt)
+    Path(plot).write_bytes(out)
+    console.print(f"wrote {plot} ({panels} panels)")

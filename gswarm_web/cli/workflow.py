@@ -18,7 +18,7 @@ from gswarm_tasks.settings import load_settings
 
 from .client import ApiClient
 
-console = Console()
+console = Console(soft_wrap=True)
 STATE_STYLE = {
     "succeeded": "green",
     "failed": "red",

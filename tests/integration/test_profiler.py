@@ -68,6 +68,11 @@ def test_overlapping_sessions_each_get_their_frequency_and_window(fleet: Fleet) 
     dev = a_stopped["summary_by_device"]["node1:0:Fake H100 80GB"]
     assert 0 <= dev["gpu_util"]["mean"] <= 100 and dev["gpu_util"]["max"] >= dev["gpu_util"]["mean"]
     assert "pcie_rx_bytes_per_s" in ea["frames"][0]
+    r = fleet.client.get("/api/v1/profiler/sessions/a/plot?format=png", headers=fleet.auth())
+    assert r.status_code == 200 and r.data[:4] == b"\x89PNG" and r.headers["X-Panels"] in ("4", "5")
+    r = fleet.client.get("/api/v1/profiler/sessions/a/plot?format=pdf", headers=fleet.auth())
+    assert r.status_code == 200 and r.data[:5] == b"%PDF-"
+    assert fleet.client.get("/api/v1/profiler/sessions/a/plot?format=gif", headers=fleet.auth()).status_code == 422
 
 
 def test_metrics_latest_and_prometheus(fleet: Fleet) -> None:

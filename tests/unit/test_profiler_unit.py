@@ -88,3 +88,34 @@ def test_prometheus_text_parses_with_dcgm_names() -> None:
     fb = families["DCGM_FI_DEV_FB_USED"].samples[0]
     assert fb.value == frame["gpus"][0]["memory_used_bytes"] / 2**20  # MiB, as DCGM reports it
     assert "gswarm_host_cpu_percent" in families and "DCGM_FI_DEV_POWER_USAGE" in families
+
+
+def test_plot_is_a_valid_png_and_pdf_with_one_panel_per_view(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import matplotlib.image as mpimg
+
+    from gswarm_web.plots import render
+
+    doc = export_document("s", datetime.now(UTC), None, frames(30), bandwidth=True, nvlink=False)
+    png, panels = render(doc, None, "png")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and panels == 4  # utilization, memory, bandwidth, heatmap
+    (tmp_path / "p.png").write_bytes(png)
+    height = mpimg.imread(tmp_path / "p.png").shape[0]
+    assert height == int(2.6 * 4 * 100)  # 2.6 in per panel at 100 dpi
+    spans = [{"label": "load @ n1:gpu0", "start": 1000.5, "end": 1001.5, "state": "succeeded"}]
+    pdf, panels = render(doc, spans, "pdf")
+    assert pdf[:5] == b"%PDF-" and panels == 5
+    no_bw = export_document("s", datetime.now(UTC), None, frames(5), bandwidth=False, nvlink=False)
+    assert render(no_bw, None, "png")[1] == 3
+
+
+def test_analyze_cli_plots_an_export(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from click.testing import CliRunner
+
+    from gswarm_web.cli import main
+
+    doc = export_document("s", datetime.now(UTC), None, frames(10), bandwidth=True, nvlink=False)
+    (tmp_path / "s.json").write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["profiler", "analyze", "--data", str(tmp_path / "s.json"), "--plot",
+                                  str(tmp_path / "s.pdf")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "s.pdf").read_bytes()[:5] == b"%PDF-" and "4 panels" in r.output
