@@ -84,6 +84,7 @@ class Sampler:
         self._next_sessions_check = 0.0
         self._wake = threading.Event()
         self._kick = threading.Event()
+        self._flush_lock = threading.Lock()
 
     def frame(self) -> dict[str, Any]:
         self.seq += 1
@@ -115,6 +116,10 @@ class Sampler:
 
     def flush(self) -> bool:
         """Send buffered frames in order; on failure keep them (the oldest go first when the buffer is full)."""
+        with self._flush_lock:
+            return self._flush()
+
+    def _flush(self) -> bool:
         if not self.buffer:
             return True
         frames = list(self.buffer)
@@ -128,7 +133,7 @@ class Sampler:
                 log.warning("frames of %s are buffered until Redis answers: %s", self.node, exc)
             self._failing = True
             return False
-        for _ in frames:
+        for _ in frames:  # the sampler only appends, so the first len(frames) are the ones sent
             self.buffer.popleft()
         if self._failing:
             log.info("Redis is back: %d buffered frames of %s sent", len(frames), self.node)
@@ -190,6 +195,8 @@ class Sampler:
     def stop(self) -> None:
         self._stop.set()
         self._kick.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
+        self._wake.set()
+        for t in (self._thread, getattr(self, "_sync", None)):
+            if t is not None:
+                t.join(timeout=2)
         self.flush()

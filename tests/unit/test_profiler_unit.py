@@ -115,7 +115,8 @@ def test_analyze_cli_plots_an_export(tmp_path) -> None:  # type: ignore[no-untyp
 
     doc = export_document("s", datetime.now(UTC), None, frames(10), bandwidth=True, nvlink=False)
     (tmp_path / "s.json").write_text(json.dumps(doc))
-    r = CliRunner().invoke(main, ["profiler", "analyze", "--data", str(tmp_path / "s.json"), "--plot",
-                                  str(tmp_path / "s.pdf")])
+    r = CliRunner().invoke(
+        main, ["profiler", "analyze", "--data", str(tmp_path / "s.json"), "--plot", str(tmp_path / "s.pdf")]
+    )
     assert r.exit_code == 0, r.output
     assert (tmp_path / "s.pdf").read_bytes()[:5] == b"%PDF-" and "4 panels" in r.output

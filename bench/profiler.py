@@ -1,0 +1,148 @@
+"""Profiler benchmark: aggregation throughput through the real streams and consumer group, latency from a
+sample to /metrics/latest at 1 Hz, and the sampler's CPU cost at 1 Hz.
+
+    python bench/profiler.py [--nodes 50] [--frames 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gswarm_tasks.nvml import FakeGpuSource  # noqa: E402
+from gswarm_tasks.profiler import FRAMES_KEY  # noqa: E402
+from gswarm_web.profiling import GROUP, LATEST_KEY  # noqa: E402
+from tests.integration.fleet import Fleet  # noqa: E402
+from tests.integration.procs import wait_for  # noqa: E402
+
+SAMPLER_PROBE = """
+import sys, time, psutil, redis
+from gswarm_tasks.nvml import FakeGpuSource
+from gswarm_tasks.profiler import Sampler
+s = Sampler(redis.Redis.from_url(sys.argv[1]), "probe", 1.0, source=FakeGpuSource(8))
+s.start()
+p = psutil.Process()
+time.sleep(2)
+c0, t0 = p.cpu_times(), time.monotonic()
+time.sleep(float(sys.argv[2]))
+c1, t1 = p.cpu_times(), time.monotonic()
+s.stop()
+print((c1.user + c1.system - c0.user - c0.system) / (t1 - t0) * 100)
+"""
+
+
+def cpu(proc: psutil.Process) -> float:
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=50)
+    ap.add_argument("--frames", type=int, default=400, help="8-GPU frames per simulated node")
+    ap.add_argument("--latency-seconds", type=float, default=30)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="gswarm-bench-prof-"))
+    fleet = Fleet(tmp, redis_db=13, extra_env={"GSWARM_LOG_LEVEL": "WARNING", "GSWARM_FAKE_GPUS": "8"})
+    out: dict[str, object] = {}
+    try:
+        control = fleet.start("control", "control", app_module="gswarm_web.celery_app")
+        r = redis.Redis.from_url(fleet.redis_url)
+        # 1. throughput: streams exist (the consumer finds them), then a burst of frames is pushed and drained
+        gpus = FakeGpuSource(8).sample(True, False)
+        body = json.dumps({"node": "x", "seq": 0, "time": time.time(), "gpus": gpus, "host": {"cpu_percent": 1.0}})
+        names = [f"sim-{i:03d}" for i in range(args.nodes)]
+        for n in names:
+            r.xadd(FRAMES_KEY.format(n), {"data": body})
+        wait_for(
+            lambda: all(r.xinfo_groups(FRAMES_KEY.format(n)) for n in names), 30, "the consumer to find the streams"
+        )
+        proc = psutil.Process(control.pid)
+        c0 = cpu(proc)
+        t0 = time.monotonic()
+        for _ in range(args.frames):
+            pipe = r.pipeline(transaction=False)
+            for n in names:
+                pipe.xadd(FRAMES_KEY.format(n), {"data": body})
+            pipe.execute()
+        total = args.frames * len(names)
+
+        def drained() -> bool:
+            lag = sum(
+                int(g.get("lag") or 0) + int(g.get("pending") or 0)
+                for n in names
+                for g in r.xinfo_groups(FRAMES_KEY.format(n))
+                if g["name"].decode() == GROUP
+            )
+            return lag == 0
+
+        wait_for(drained, 300, "the consumer to drain", interval=0.05)
+        elapsed = time.monotonic() - t0
+        used = cpu(proc) - c0
+        out["aggregation"] = {
+            "frames": total,
+            "gpu_samples": total * 8,
+            "seconds": round(elapsed, 3),
+            "gpu_samples_per_s": round(total * 8 / elapsed),
+            "gpu_samples_per_cpu_second": round(total * 8 / max(used, 1e-6)),
+            "control_worker_cpu_s": round(used, 3),
+            "goal": ">= 20,000 GPU samples/s on one core",
+        }
+        # 2. latency at 1 Hz from a real node worker with 8 fake GPUs
+        fleet.start_node("node1")
+        lags: list[float] = []
+        seen = 0.0
+        end = time.monotonic() + args.latency_seconds
+        while time.monotonic() < end:
+            raw = r.hget(LATEST_KEY, "node1")
+            if raw:
+                f = json.loads(raw)
+                if f["time"] != seen:
+                    seen = f["time"]
+                    lags.append(time.time() - f["time"])
+            time.sleep(0.01)
+        lags.sort()
+        out["latency_to_metrics_latest"] = {
+            "samples": len(lags),
+            "p50_s": round(statistics.median(lags), 3),
+            "p99_s": round(lags[int(0.99 * (len(lags) - 1))], 3),
+            "goal": "p99 < 1.5 s",
+        }
+        # 3. sampler cost at 1 Hz (8 fake GPUs + real host counters), in a process of its own
+        res = subprocess.run(
+            [sys.executable, "-c", SAMPLER_PROBE, fleet.redis_url, "20"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        if res.returncode != 0:
+            raise SystemExit(res.stderr)
+        out["sampler_cpu_percent_of_one_core_at_1hz"] = {"value": round(float(res.stdout.strip()), 3), "goal": "< 2 %"}
+        print(json.dumps(out, indent=2))
+        return 0
+    finally:
+        fleet.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
