@@ -7,6 +7,7 @@ worker records a location only after a task says the copy is in place.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import sys
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from celery import Task
 
 from .celery_app import NodeTask, app, settings_of
 from .devices import Device
-from .errors import InvalidRequest, NotFound, ResourceUnavailable
+from .errors import InvalidRequest, NotFound, ResourceUnavailable, TaskFailed
 from .nvml import list_gpus
 from .ops import Reporter, run_op
 from .serving import pick_port, port_free, server_argv
@@ -34,6 +35,7 @@ from .storage import (
 from .transfer import fetch_manifest, pull_files
 from .worker import NodeContext, require_node
 
+log = logging.getLogger(__name__)
 OPTS: dict[str, Any] = {"base": NodeTask, "bind": True}
 Op = tuple[Callable[[Reporter], dict[str, Any]], Callable[[], None] | None]
 
@@ -245,27 +247,36 @@ def op_serve(
         taken = {int(e["port"]) for e in node.services.entries()}
         if port is not None and (port in taken or not port_free(node.address, port)):
             raise ResourceUnavailable(f"port {port} is in use on {node.name}", {"field": "port", "port": port})
-        chosen = port if port is not None else pick_port(node.address, settings.serve_port_start, taken)
-        argv = server_argv(
-            backend,
-            node.tiers.model_dir(use_tier, model),
-            model,
-            node.address,
-            chosen,
-            f"cuda:{dev.gpu_index}" if dev.is_gpu else "cpu",
-            config,
-            settings.serve_command,
-            trust_remote_code,
-        )
-        entry = node.services.start(
-            service_id,
-            argv,
-            node.address,
-            chosen,
-            {"kind": "model", "model": model, "device": device},
-            settings.serve_ready_timeout_s,
-            env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-        )
+        # A port we picked can be taken between the check and the server's bind: pick again (not a user's port).
+        for attempt in range(3):
+            chosen = port if port is not None else pick_port(node.address, settings.serve_port_start, taken)
+            argv = server_argv(
+                backend,
+                node.tiers.model_dir(use_tier, model),
+                model,
+                node.address,
+                chosen,
+                f"cuda:{dev.gpu_index}" if dev.is_gpu else "cpu",
+                config,
+                settings.serve_command,
+                trust_remote_code,
+            )
+            try:
+                entry = node.services.start(
+                    service_id,
+                    argv,
+                    node.address,
+                    chosen,
+                    {"kind": "model", "model": model, "device": device},
+                    settings.serve_ready_timeout_s,
+                    env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+                )
+                break
+            except TaskFailed as exc:
+                taken.add(chosen)
+                if port is not None or attempt == 2 or port_free(node.address, chosen):
+                    raise
+                log.warning("port %s was taken while %s started; trying another: %s", chosen, service_id, exc)
         return {"pid": entry["pid"], "port": chosen, "url": entry["url"]}
 
     return body, None

@@ -57,7 +57,7 @@ class Fleet:
             GSWARM_QUEUE_TASK_TIMEOUT="600",
             GSWARM_QUEUE_VISIBILITY_TIMEOUT="1200",
             GSWARM_SERVE_CHECK_INTERVAL="1",
-            GSWARM_SERVE_PORT_START=str(20000 + os.getpid() % 20000),
+            GSWARM_SERVE_PORT_START=str(20000 + os.getpid() % 10000),
             PYTHONUNBUFFERED="1",
             **(extra_env or {}),
         )
