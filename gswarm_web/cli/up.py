@@ -153,29 +153,30 @@ def control_plane_specs(settings: Settings, env: dict[str, str], host: str, port
     ]
 
 
+def node_worker_argv(node: str, concurrency: int, loglevel: str) -> list[str]:
+    """The node worker's command line: the same one a user types by hand."""
+    return [
+        PY,
+        "-m",
+        "celery",
+        "-A",
+        "gswarm_tasks",
+        "worker",
+        "-Q",
+        node,
+        "-n",
+        f"{node}@%h",
+        "-c",
+        str(concurrency),
+        "--loglevel",
+        loglevel,
+    ]
+
+
 def node_spec(settings: Settings, env: dict[str, str], node: str, storage_root: Path) -> ProcSpec:
     node_env = {**env, "GSWARM_NODE_NAME": node, "GSWARM_STORAGE_ROOT": str(storage_root)}
-    return ProcSpec(
-        f"node-{node}",
-        [
-            PY,
-            "-m",
-            "celery",
-            "-A",
-            "gswarm_tasks",
-            "worker",
-            "-Q",
-            node,
-            "-n",
-            f"{node}@%h",
-            "-c",
-            str(settings.max_concurrent_tasks),
-            "--loglevel",
-            settings.log_level,
-        ],
-        node_env,
-        Path(settings.home) / "logs" / f"node-{node}.log",
-    )
+    argv = node_worker_argv(node, settings.max_concurrent_tasks, settings.log_level)
+    return ProcSpec(f"node-{node}", argv, node_env, Path(settings.home) / "logs" / f"node-{node}.log")
 
 
 def _wait_healthy(api: str, node: str | None, timeout_s: float = 60.0) -> dict[str, Any]:
@@ -312,20 +313,5 @@ def connect(redis_url: str, node: str, storage_root: str | None, concurrency: in
     if storage_root:
         env["GSWARM_STORAGE_ROOT"] = str(Path(storage_root).expanduser().resolve())
     settings = load_settings(env)
-    argv = [
-        PY,
-        "-m",
-        "celery",
-        "-A",
-        "gswarm_tasks",
-        "worker",
-        "-Q",
-        node,
-        "-n",
-        f"{node}@%h",
-        "-c",
-        str(concurrency or settings.max_concurrent_tasks),
-        "--loglevel",
-        loglevel or settings.log_level,
-    ]
+    argv = node_worker_argv(node, concurrency or settings.max_concurrent_tasks, loglevel or settings.log_level)
     os.execve(PY, argv, env)
