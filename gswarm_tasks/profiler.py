@@ -25,7 +25,7 @@ FRAMES_KEY = "gswarm:frames:{}"
 SESSIONS_KEY = "gswarm:profiler:sessions"
 FRAMES_MAXLEN = 200_000  # per node: 55 h at 1 Hz, 5.5 h at 10 Hz
 MIN_PERIOD_S = 0.1
-SESSIONS_CHECK_S = 0.25
+SESSIONS_CHECK_S = 0.1
 
 
 class HostCounters:

@@ -173,7 +173,7 @@ class ServiceRegistry:
         results = []
         for entry in self.entries():
             alive = pid_alive(entry.get("pid"))
-            healthy, message = check_health(entry["url"], timeout=2.0) if alive else (False, "process is not running")
+            healthy, message = check_health(entry["url"], timeout=5.0) if alive else (False, "process is not running")
             item = {
                 "service_id": entry["service_id"],
                 "pid": entry.get("pid"),

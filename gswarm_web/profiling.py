@@ -148,7 +148,7 @@ def at_frequency(frames: list[dict], period_s: float) -> list[dict]:
     kept: list[dict] = []
     last: dict[str, float] = {}
     for f in frames:
-        if f["time"] - last.get(f["node"], -1e18) >= period_s * 0.9:
+        if f["time"] - last.get(f["node"], -1e18) >= period_s * 0.75:  # tolerate scheduling jitter
             kept.append(f)
             last[f["node"]] = f["time"]
     return kept
