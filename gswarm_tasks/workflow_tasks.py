@@ -8,8 +8,10 @@ start whatever became ready. Outputs go to Redis first, so a later step of the s
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
+import os
 import random
 import re
 import threading
@@ -40,6 +42,48 @@ SPECS_KEY = "gswarm:wf:{}:specs"
 STARTED_AFTER_S = 0.02
 KEEP_S = 7 * 24 * 3600
 REF_RE = re.compile(r"\$\{([^}]*)\}")
+
+
+class _Announcer:
+    """One thread per process that runs a callback after a delay unless it was called off first
+    (a Timer thread per step costs more than the quickest steps themselves)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.cond = threading.Condition()
+        self.heap: list[tuple[float, int, threading.Event, Any]] = []
+        self.n = 0
+        threading.Thread(target=self._run, daemon=True, name="gswarm-announcer").start()
+
+    def later(self, delay: float, fn: Any) -> threading.Event:
+        off = threading.Event()
+        with self.cond:
+            self.n += 1
+            heapq.heappush(self.heap, (time.monotonic() + delay, self.n, off, fn))
+            self.cond.notify()
+        return off
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.heap or self.heap[0][0] > time.monotonic():
+                    self.cond.wait(None if not self.heap else max(0.0, self.heap[0][0] - time.monotonic()))
+                _, _, off, fn = heapq.heappop(self.heap)
+            if not off.is_set():
+                try:
+                    fn()
+                except Exception as exc:
+                    log.debug("announcement failed: %s", exc)
+
+
+_announcer_instance: _Announcer | None = None
+
+
+def _announcer() -> _Announcer:
+    global _announcer_instance
+    if _announcer_instance is None or _announcer_instance.pid != os.getpid():  # a forked pool child needs its own
+        _announcer_instance = _Announcer()
+    return _announcer_instance
 
 
 def emit(client: Any, spec: dict[str, Any], event: str, at: float | None = None, **data: Any) -> None:
@@ -210,18 +254,14 @@ def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
             started_at = time.time()
             # `started` goes out once the step has run a moment; a step quicker than that reports its start
             # inside its `succeeded` event, which halves the events of short steps.
-            announce = threading.Timer(
+            announce = _announcer().later(
                 STARTED_AFTER_S,
-                emit,
-                args=(client, spec, "started"),
-                kwargs={"at": started_at, "attempt": attempt, "worker": self.request.hostname},
+                lambda: emit(client, spec, "started", at=started_at, attempt=attempt, worker=self.request.hostname),
             )
-            announce.daemon = True
-            announce.start()
             try:
                 result = run_action(self, spec, params, client)
             finally:
-                announce.cancel()
+                announce.set()  # done already: nothing to announce
             finished_at = time.time()  # still holding the devices: the next holder starts after this
     except Cancelled as exc:
         emit(client, spec, "cancelled", reason=str(exc))
