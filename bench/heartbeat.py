@@ -27,6 +27,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import cpu_seconds  # noqa: E402
 from gswarm_tasks import defaults  # noqa: E402
 from gswarm_tasks.node import node_info  # noqa: E402
 from gswarm_web.migrate import upgrade  # noqa: E402
@@ -37,17 +38,6 @@ def pct(values: list[float], p: float) -> float:
         return float("nan")
     values = sorted(values)
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
-
-
-def cpu_seconds(proc: psutil.Process) -> float:
-    total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def main() -> int:

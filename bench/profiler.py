@@ -22,6 +22,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import cpu_seconds  # noqa: E402
 from gswarm_tasks.nvml import FakeGpuSource  # noqa: E402
 from gswarm_tasks.profiler import FRAMES_KEY  # noqa: E402
 from gswarm_web.profiling import GROUP, LATEST_KEY  # noqa: E402
@@ -42,17 +43,6 @@ c1, t1 = p.cpu_times(), time.monotonic()
 s.stop()
 print((c1.user + c1.system - c0.user - c0.system) / (t1 - t0) * 100)
 """
-
-
-def cpu(proc: psutil.Process) -> float:
-    total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def main() -> int:
@@ -77,7 +67,7 @@ def main() -> int:
             lambda: all(r.xinfo_groups(FRAMES_KEY.format(n)) for n in names), 30, "the consumer to find the streams"
         )
         proc = psutil.Process(control.pid)
-        c0 = cpu(proc)
+        c0 = cpu_seconds(proc)
         t0 = time.monotonic()
         for _ in range(args.frames):
             pipe = r.pipeline(transaction=False)
@@ -97,7 +87,7 @@ def main() -> int:
 
         wait_for(drained, 300, "the consumer to drain", interval=0.05)
         elapsed = time.monotonic() - t0
-        used = cpu(proc) - c0
+        used = cpu_seconds(proc) - c0
         out["aggregation"] = {
             "frames": total,
             "gpu_samples": total * 8,
