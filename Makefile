@@ -57,6 +57,8 @@ lint: dev
 bench: dev services
 	$(BIN)/python bench/heartbeat.py
 	$(BIN)/python bench/transfer.py
+	$(BIN)/python bench/workflow.py
+	$(BIN)/python bench/profiler.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
