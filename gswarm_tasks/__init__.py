@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from . import model_tasks, tasks, worker, workflow_tasks  # noqa: F401  (registers node tasks and worker hooks)
+from . import data_tasks, model_tasks, tasks, worker, workflow_tasks  # noqa: F401  (registers node tasks and worker hooks)
 from .celery_app import app
 
 __all__ = ["app"]

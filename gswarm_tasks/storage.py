@@ -53,6 +53,9 @@ class Tiers:
     def model_dir(self, tier: str, model: str) -> Path:
         return self.root(tier) / "models" / safe_name(model, "model_name")
 
+    def chunk_path(self, tier: str, chunk_id: str) -> Path:
+        return self.root(tier) / "data" / safe_name(chunk_id, "chunk_id")
+
     def staging_dir(self, tier: str, key: str) -> Path:
         return self.root(tier) / STAGING / safe_name(key, "staging key")
 

@@ -49,7 +49,7 @@ def flask_config(settings: Settings) -> dict[str, Any]:
 
 def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     """Build the control-plane app from settings (default: loaded from config file and environment)."""
-    from . import health, models_api, nodes, profiler_api, queue_api, services_api, tokens
+    from . import data_api, health, models_api, nodes, profiler_api, queue_api, services_api, tokens
     from .auth import init_auth
     from .errors import register_error_handlers
     from .extensions import api, db
@@ -79,6 +79,7 @@ def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
         workflows_api.blp,
         queue_api.blp,
         profiler_api.blp,
+        data_api.blp,
         tokens.blp,
     )
     for blp in blueprints:

@@ -229,3 +229,42 @@ class ProfilerSession(db.Model):  # type: ignore[name-defined]
     summary_by_device: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     summary_by_node: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     request_time_info: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+
+
+class DataChunk(db.Model):  # type: ignore[name-defined]
+    """A chunk of bytes in the data pool; identified by id, deduplicated per device by its sha256."""
+
+    __tablename__ = "data_chunks"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    checksum: Mapped[str | None] = mapped_column(String(64), index=True)
+    size: Mapped[int | None] = mapped_column(db.BigInteger)
+    chunk_type: Mapped[str] = mapped_column(String(16), default="input")
+    format: Mapped[str | None] = mapped_column(String(32))
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    status_message: Mapped[str | None] = mapped_column(String(2000))
+    created_by: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_accessed: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    access_count: Mapped[int] = mapped_column(Integer, default=0)
+
+    locations: Mapped[list[ChunkLocation]] = relationship(
+        back_populates="chunk", cascade="all, delete-orphan", order_by="ChunkLocation.device", lazy="selectin"
+    )
+
+
+class ChunkLocation(db.Model):  # type: ignore[name-defined]
+    """A verified copy of a chunk on one device."""
+
+    __tablename__ = "chunk_locations"
+
+    chunk_id: Mapped[str] = mapped_column(ForeignKey("data_chunks.id", ondelete="CASCADE"), primary_key=True)
+    device: Mapped[str] = mapped_column(String(100), primary_key=True)
+    node: Mapped[str] = mapped_column(String(63), index=True)
+    tier: Mapped[str] = mapped_column(String(16))
+    path: Mapped[str | None] = mapped_column(String(1024))
+    status: Mapped[str] = mapped_column(String(16), default="available")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    chunk: Mapped[DataChunk] = relationship(back_populates="locations")
