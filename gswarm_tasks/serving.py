@@ -139,6 +139,8 @@ class ServiceRegistry:
                     {"exit_code": proc.returncode, "log_tail": tail(log_path)},
                 )
             if check_health(entry["url"], timeout=1.0)[0]:
+                entry["ready_at"] = time.time()  # from now on the monitor's checks count
+                self.save(entry)
                 return entry
             time.sleep(0.2)
         self.stop(service_id)
@@ -173,6 +175,20 @@ class ServiceRegistry:
         results = []
         for entry in self.entries():
             alive = pid_alive(entry.get("pid"))
+            starting = "ready_at" not in entry and time.time() - float(entry.get("started_at", 0)) < 3600
+            if starting:
+                results.append(
+                    {
+                        "service_id": entry["service_id"],
+                        "pid": entry.get("pid"),
+                        "port": entry.get("port"),
+                        "alive": alive,
+                        "healthy": None,
+                        "starting": True,
+                        "checked_at": time.time(),
+                    }
+                )
+                continue
             healthy, message = check_health(entry["url"], timeout=5.0) if alive else (False, "process is not running")
             item = {
                 "service_id": entry["service_id"],

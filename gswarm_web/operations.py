@@ -288,6 +288,8 @@ def apply_service_reports(reports_by_node: dict[str, list[dict[str, Any]]]) -> N
     for svc in rows:
         seen = {r.get("service_id"): r for r in reports_by_node[svc.node] if isinstance(r, dict)}
         rep = seen.get(svc.id)
+        if rep is not None and rep.get("starting"):
+            continue  # a check from before the server was ready says nothing about it
         svc.last_check_at = now()
         if rep is None:
             svc.status, svc.healthy, svc.stopped_at = "failed", False, now()
