@@ -175,6 +175,7 @@ class ServiceRegistry:
         results = []
         for entry in self.entries():
             alive = pid_alive(entry.get("pid"))
+            # A server still starting is judged by its start task, not by a check.
             starting = "ready_at" not in entry and time.time() - float(entry.get("started_at", 0)) < 3600
             if starting:
                 results.append(
