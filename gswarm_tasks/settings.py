@@ -6,7 +6,7 @@ import os
 import re
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -426,7 +426,3 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             {"visibility_timeout": settings.visibility_timeout_s, "task_timeout": settings.task_timeout_s},
         )
     return settings
-
-
-def settings_fields() -> list[str]:
-    return [f.name for f in fields(Settings)]

@@ -7,7 +7,6 @@ from typing import Any
 
 from flask import Flask
 from sqlalchemy import event
-from sqlalchemy.engine import Engine
 
 from gswarm_tasks.settings import Settings, load_settings
 
@@ -87,4 +86,4 @@ def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     return app
 
 
-__all__ = ["create_app", "Engine"]
+__all__ = ["create_app"]

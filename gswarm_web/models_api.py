@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import marshmallow as ma
@@ -11,7 +12,7 @@ from flask_smorest import Blueprint
 
 from gswarm_tasks.celery_app import priority_value
 from gswarm_tasks.devices import Device, safe_name
-from gswarm_tasks.errors import Conflict, InvalidRequest, ModelNotFound, NotFound, ResourceUnavailable
+from gswarm_tasks.errors import Conflict, InvalidRequest, ModelNotFound, ResourceUnavailable
 from gswarm_tasks.sources import parse_source
 
 from .extensions import db
@@ -297,7 +298,7 @@ def _copy_or_move(name: str, args: dict[str, Any], keep_source: bool, kind: str)
     existing = db.session.get(ModelLocation, (model.id, str(dst)))
     if existing is not None and existing.status == "ready" and (kind == "copy" or keep_source):
         rec = TaskRecord(
-            id=_uuid(),
+            id=str(uuid.uuid4()),
             kind=kind,
             node=dst.node,
             model_name=name,
@@ -348,12 +349,6 @@ def _copy_or_move(name: str, args: dict[str, Any], keep_source: bool, kind: str)
     )
 
 
-def _uuid() -> str:
-    import uuid
-
-    return str(uuid.uuid4())
-
-
 @blp.route("/models/<string:name>/move")
 class Move(MethodView):
     @blp.arguments(MoveSchema)
@@ -396,4 +391,4 @@ def stop_service(svc: Service) -> TaskRecord:
     )
 
 
-__all__ = ["blp", "get_model", "ready_location", "require_gpu", "stop_service", "NotFound"]
+__all__ = ["blp", "get_model", "ready_location", "require_gpu", "stop_service"]

@@ -14,7 +14,7 @@ from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import InvalidRequest, NotFound
 
 from .extensions import db
-from .models import ModelLocation, Service, TaskRecord
+from .models import Service, TaskRecord
 from .models_api import get_model, require_gpu, stop_service
 from .operations import dispatch, require_node
 from .pagination import PageArgsSchema, paginate
@@ -199,6 +199,3 @@ class ServiceStatus(MethodView):
             "url": svc.url,
             "message": svc.status_message,
         }
-
-
-__all__ = ["blp", "ModelLocation"]
