@@ -116,6 +116,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                 "schedule": 10.0,
                 "options": {"queue": defaults.CONTROL_QUEUE, "expires": 10.0},
             },
+            "gswarm-data-gc": {
+                "task": "gswarm.control.data_gc",
+                "schedule": max(1.0, settings.data_gc_interval_s),
+                "options": {"queue": defaults.CONTROL_QUEUE, "expires": max(1.0, settings.data_gc_interval_s)},
+            },
             "gswarm-node-sweep": {
                 "task": "gswarm.control.sweep_nodes",
                 "schedule": max(1.0, settings.heartbeat_interval_s),

@@ -71,6 +71,11 @@ def _paths(v: Any) -> tuple[str, ...]:
     return tuple(str(Path(str(p)).expanduser().resolve()) for p in items if str(p).strip())
 
 
+def _hosts(v: Any) -> tuple[str, ...]:
+    items = v if isinstance(v, list | tuple) else str(v).split(",")
+    return tuple(str(h).strip().lower() for h in items if str(h).strip())
+
+
 def _opt_str(v: Any) -> str | None:
     return None if v is None or v == "" else str(v)
 
@@ -278,6 +283,62 @@ OPTIONS: tuple[Option, ...] = (
         _opt_str,
         "Command template of the `command` backend, e.g. `vllm serve {path} --port {port}`",
     ),
+    Option(
+        "data_allowed_hosts",
+        "GSWARM_DATA_ALLOWED_HOSTS",
+        "data.allowed_hosts",
+        _hosts,
+        "Hosts (`host` or `host:port`, comma-separated) `http(s)://` data sources may come from (none by default)",
+    ),
+    Option(
+        "data_max_inline",
+        "GSWARM_DATA_MAX_INLINE",
+        "data.max_inline",
+        parse_size,
+        "Largest chunk accepted inline as base64 in `POST /data` (16MiB)",
+    ),
+    Option(
+        "data_max_size",
+        "GSWARM_DATA_MAX_SIZE",
+        "data.max_size",
+        parse_size,
+        "Largest chunk a node downloads from an `http(s)://` or `s3://` source (64GiB)",
+    ),
+    Option(
+        "data_dram_capacity",
+        "GSWARM_DATA_DRAM_CAPACITY",
+        "data.dram_capacity",
+        parse_size,
+        "Bytes of chunks a node's `dram` tier keeps before evicting copies that exist elsewhere (0: no limit)",
+    ),
+    Option(
+        "data_intermediate_ttl_s",
+        "GSWARM_DATA_INTERMEDIATE_TTL",
+        "data.intermediate_ttl",
+        float,
+        "Seconds an unreferenced `intermediate` chunk is kept before the collector removes it (3600)",
+    ),
+    Option(
+        "data_gc_interval_s",
+        "GSWARM_DATA_GC_INTERVAL",
+        "data.gc_interval",
+        float,
+        "Seconds between runs of the chunk collector and DRAM eviction (60)",
+    ),
+    Option(
+        "data_s3_enabled",
+        "GSWARM_DATA_S3_ENABLED",
+        "data.s3_enabled",
+        parse_bool,
+        "Accept `s3://` data sources (needs boto3 on the nodes; credentials from the usual AWS chain) (false)",
+    ),
+    Option(
+        "data_s3_endpoint",
+        "GSWARM_DATA_S3_ENDPOINT",
+        "data.s3_endpoint",
+        _opt_str,
+        "Endpoint URL of an S3-compatible store (default: AWS)",
+    ),
     Option("log_level", "GSWARM_LOG_LEVEL", "logging.level", str, "Log level of every process (INFO)"),
 )
 
@@ -320,6 +381,14 @@ class Settings:
     serve_ready_timeout_s: float = 300.0
     serve_check_interval_s: float = 10.0
     serve_command: str | None = None
+    data_allowed_hosts: tuple[str, ...] = ()
+    data_max_inline: int = 16 * 1024 * 1024
+    data_max_size: int = 64 * 1024**3
+    data_dram_capacity: int = 0
+    data_intermediate_ttl_s: float = 3600.0
+    data_gc_interval_s: float = 60.0
+    data_s3_enabled: bool = False
+    data_s3_endpoint: str | None = None
     log_level: str = "INFO"
     nodes: list[dict[str, Any]] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)

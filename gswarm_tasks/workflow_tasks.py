@@ -8,6 +8,7 @@ start whatever became ready. Outputs go to Redis first, so a later step of the s
 
 from __future__ import annotations
 
+import base64
 import heapq
 import json
 import logging
@@ -25,7 +26,7 @@ from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 
 from .celery_app import NodeTask, app, settings_of
 from .devices import Device
-from .errors import GswarmError, InvalidRequest, NetworkError, TaskFailed
+from .errors import GswarmError, InvalidRequest, NetworkError, NotFound, TaskFailed
 from .locks import Cancelled, LeaseBusy, device_leases
 from .model_tasks import op_copy, op_delete, op_download, op_move, op_serve, op_stop
 from .ops import Reporter, error_dict, redis_of
@@ -42,6 +43,7 @@ SPECS_KEY = "gswarm:wf:{}:specs"
 STARTED_AFTER_S = 0.02
 KEEP_S = 7 * 24 * 3600
 REF_RE = re.compile(r"\$\{([^}]*)\}")
+DATA_ACTIONS = ("data_create", "data_move", "data_transfer", "inference", "data_merge")
 
 
 class _Announcer:
@@ -158,12 +160,95 @@ def _health_check(p: dict[str, Any]) -> dict[str, Any]:
     return {"status_code": r.status_code, "url": url, "output": url}
 
 
-def run_action(self: Task, spec: dict[str, Any], p: dict[str, Any], client: redis.Redis) -> dict[str, Any]:
+def _chunk_locations(chunk_id: str, spec: dict[str, Any], outputs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where a chunk is, as far as this workflow knows: copies its steps made (less those a move removed),
+    and the copies the control plane listed at submission for chunks named literally."""
+    mine = [o for o in outputs.values() if o.get("chunk_id") == chunk_id]
+    removed = {o.get("source_device") for o in mine if o.get("source_removed")}
+    locs = [o for o in mine if o.get("device") and (o.get("blake3") or o.get("checksum"))]
+    locs += list((spec.get("chunks") or {}).get(chunk_id) or [])
+    return [loc for loc in locs if loc["device"] not in removed]
+
+
+def _best(chunk_id: str, spec: dict[str, Any], outputs: dict[str, Any], node: str, same_node: bool = False) -> Any:
+    locs = _chunk_locations(chunk_id, spec, outputs)
+    locs.sort(key=lambda loc: (not loc["device"].startswith(f"{node}:"), not loc["device"].endswith(":dram")))
+    if same_node:
+        locs = [loc for loc in locs if loc["device"].startswith(f"{node}:")]
+    if not locs:
+        where = f" on {node}" if same_node else ""
+        raise NotFound(f"chunk {chunk_id} has no copy{where} this step knows of", {"chunk_id": chunk_id})
+    return locs[0]
+
+
+MAX_READ = 1 << 30  # chunks an inference or a merge reads whole
+
+
+def run_data_action(
+    self: Task, spec: dict[str, Any], p: dict[str, Any], client: redis.Redis, outputs: dict[str, Any]
+) -> dict[str, Any]:
+    """data_create, data_move, data_transfer, inference, data_merge: each ends with one verified chunk copy."""
+    from .data_tasks import copy_chunk, merge_chunks, read_chunk, run_inference, store_chunk
+
+    node = require_node()
+    settings = settings_of(self.app)
+    atype = spec["action_type"]
+    extra: dict[str, Any] = {}
+    if atype == "data_create":
+        data = base64.b64decode(str(p["data"]), validate=True) if p.get("data") is not None else None
+        out = store_chunk(node, settings, spec["chunk_id"], _tier(p["target_device"]), data, p.get("source"))
+        out["format"] = p.get("format")
+    elif atype in ("data_move", "data_transfer"):
+        cid = str(p["data_id"])
+        loc = _best(cid, spec, outputs, node.name, same_node=atype == "data_move")
+        src = Device.parse(loc["device"])
+        source = {"node": src.node, "tier": src.tier, "address": loc.get("address"), "port": loc.get("file_port")}
+        delete_source = bool(p.get("delete_source"))
+        remove = atype == "data_move" or (delete_source and src.node == node.name)
+        out = copy_chunk(node, settings, client, spec["task_id"], cid, _tier(p["target_device"]), source, loc, remove)
+        out["format"] = loc.get("format")
+        extra["delete_source"] = delete_source
+    elif atype == "inference":
+        cid = str(p.get("input_data") or p.get("input_data_id") or p.get("input"))
+        loc = _best(cid, spec, outputs, node.name)
+        data = read_chunk(node, settings, client, cid, loc, MAX_READ)
+        url = str(p.get("service_url") or p.get("service"))
+        answer = run_inference(url, str(p.get("endpoint") or "/v1/embeddings"), p.get("model_name"), data, cid)
+        out = store_chunk(node, settings, spec["chunk_id"], _tier(p["output_device"]), answer)
+        out["format"] = "json"
+        extra["inputs"] = [cid]
+    elif atype == "data_merge":
+        ids = [str(x) for x in p["inputs"]]
+        parts = []
+        for cid in ids:
+            loc = _best(cid, spec, outputs, node.name)
+            parts.append((read_chunk(node, settings, client, cid, loc, MAX_READ), loc.get("format")))
+        merged, fmt = merge_chunks(parts, p.get("format"))
+        out = store_chunk(node, settings, spec["chunk_id"], _tier(p["output_device"]), merged)
+        out["format"] = fmt
+        extra["inputs"] = ids
+    else:
+        raise InvalidRequest(f"action type {atype} is not a data action", {"action_type": atype})
+    return {**out, **extra, "output": out["chunk_id"]}
+
+
+def run_action(
+    self: Task,
+    spec: dict[str, Any],
+    p: dict[str, Any],
+    client: redis.Redis,
+    outputs: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     atype = spec["action_type"]
     if atype == "noop":
         return _noop(self, spec, p, client)
     if atype == "health_check":
         return _health_check(p)
+    if atype in DATA_ACTIONS:
+        if outputs is None:
+            recorded: Any = client.hgetall(OUTPUTS_KEY.format(spec["workflow_id"]))
+            outputs = {k.decode(): json.loads(v) for k, v in recorded.items()}
+        return run_data_action(self, spec, p, client, outputs)
     node = require_node()
     settings = settings_of(self.app)
     rep = Reporter(self, spec["task_id"], sink=lambda *_: None)
@@ -246,9 +331,11 @@ def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
         return dict(previous)
     try:
         params = spec["params"]
+        outputs: dict[str, dict[str, Any]] | None = None
         if "${" in json.dumps(params):
             recorded: Any = client.hgetall(OUTPUTS_KEY.format(spec["workflow_id"]))
-            params = resolve(params, {k.decode(): json.loads(v) for k, v in recorded.items()})
+            outputs = {k.decode(): json.loads(v) for k, v in recorded.items()}
+            params = resolve(params, outputs)
         # A step that waits for its device is not running yet: it reports `started` once it holds it.
         with device_leases(client, spec.get("exclusive") or [], owner=tid, wait=False):
             started_at = time.time()
@@ -259,7 +346,7 @@ def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
                 lambda: emit(client, spec, "started", at=started_at, attempt=attempt, worker=self.request.hostname),
             )
             try:
-                result = run_action(self, spec, params, client)
+                result = run_action(self, spec, params, client, outputs)
             finally:
                 announce.set()  # done already: nothing to announce
             finished_at = time.time()  # still holding the devices: the next holder starts after this

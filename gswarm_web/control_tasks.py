@@ -42,3 +42,11 @@ def workflow_sweep() -> int:
     from .workflows.engine import resend_undispatched
 
     return resend_undispatched()
+
+
+@app.task(name="gswarm.control.data_gc", base=ControlTask)
+def data_gc() -> dict[str, int]:
+    """Collect unreferenced intermediate chunks past their TTL, then bring dram tiers under capacity."""
+    from .data_pool import collect_garbage
+
+    return collect_garbage()

@@ -238,6 +238,7 @@ class DataChunk(db.Model):  # type: ignore[name-defined]
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     checksum: Mapped[str | None] = mapped_column(String(64), index=True)
+    blake3: Mapped[str | None] = mapped_column(String(64))
     size: Mapped[int | None] = mapped_column(db.BigInteger)
     chunk_type: Mapped[str] = mapped_column(String(16), default="input")
     format: Mapped[str | None] = mapped_column(String(32))
@@ -251,6 +252,9 @@ class DataChunk(db.Model):  # type: ignore[name-defined]
 
     locations: Mapped[list[ChunkLocation]] = relationship(
         back_populates="chunk", cascade="all, delete-orphan", order_by="ChunkLocation.device", lazy="selectin"
+    )
+    refs: Mapped[list[ChunkRef]] = relationship(
+        back_populates="chunk", cascade="all, delete-orphan", order_by="ChunkRef.holder", lazy="selectin"
     )
 
 
@@ -268,3 +272,19 @@ class ChunkLocation(db.Model):  # type: ignore[name-defined]
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     chunk: Mapped[DataChunk] = relationship(back_populates="locations")
+
+
+class ChunkRef(db.Model):  # type: ignore[name-defined]
+    """Something that keeps a chunk alive: an explicit pin, or a workflow that reads or writes it.
+
+    A workflow's reference holds while the workflow runs; the collector ignores it once the workflow ended."""
+
+    __tablename__ = "chunk_refs"
+
+    chunk_id: Mapped[str] = mapped_column(ForeignKey("data_chunks.id", ondelete="CASCADE"), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(160), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), default="pin")
+    workflow_id: Mapped[str | None] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    chunk: Mapped[DataChunk] = relationship(back_populates="refs")

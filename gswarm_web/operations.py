@@ -14,9 +14,10 @@ from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import Conflict, NetworkError, NotFound, ResourceUnavailable
 from gswarm_tasks.transfer import sign_token, transfer_secret
 
+from .data_pool import DATA_KINDS, on_data_failure, record_data_result
 from .extensions import db
 from .health import redis_client
-from .models import ChunkLocation, DataChunk, Model, ModelLocation, Node, Service, TaskRecord
+from .models import Model, ModelLocation, Node, Service, TaskRecord
 from .registry import node_status
 
 log = logging.getLogger(__name__)
@@ -228,7 +229,7 @@ def record_model_result(rec: TaskRecord, data: dict[str, Any]) -> None:
         if svc is not None and svc.status in ("starting", "pending"):
             svc.status, svc.pid, svc.port, svc.url = "running", data.get("pid"), data.get("port"), data.get("url")
             svc.started_at, svc.healthy, svc.last_check_at = now(), True, now()
-    elif rec.kind in ("data_create", "data_delete"):
+    elif rec.kind in DATA_KINDS:
         record_data_result(rec, data)
     elif rec.kind in ("stop_serve",):
         svc = db.session.get(Service, rec.service_id or data.get("service_id"))
@@ -236,33 +237,10 @@ def record_model_result(rec: TaskRecord, data: dict[str, Any]) -> None:
             svc.status, svc.stopped_at = "stopped", now()
 
 
-def record_data_result(rec: TaskRecord, data: dict[str, Any]) -> None:
-    """A chunk was stored (a location, its size and checksum) or one copy was removed."""
-    chunk = db.session.get(DataChunk, (rec.params or {}).get("chunk_id"))
-    if chunk is None:
-        return
-    dev = Device.parse(str(data.get("device") or rec.target_device or rec.source_device))
-    loc = db.session.get(ChunkLocation, (chunk.id, str(dev)))
-    if rec.kind == "data_create":
-        if loc is None:
-            loc = ChunkLocation(chunk_id=chunk.id, device=str(dev), node=str(dev.node), tier=dev.tier)
-            chunk.locations.append(loc)
-        loc.path, loc.status = data.get("path"), "available"
-        chunk.size, chunk.checksum, chunk.status = data.get("size"), data.get("checksum"), "available"
-    else:
-        if loc is not None:
-            chunk.locations.remove(loc)
-            db.session.delete(loc)
-        if not chunk.locations and chunk.status == "deleting":
-            db.session.delete(chunk)
-
-
 def _on_failure(rec: TaskRecord, model: Model | None) -> None:
     message = (rec.error or {}).get("message")
-    if rec.kind == "data_create":
-        chunk = db.session.get(DataChunk, (rec.params or {}).get("chunk_id"))
-        if chunk is not None:
-            chunk.status, chunk.status_message = "failed", message
+    if rec.kind in DATA_KINDS:
+        on_data_failure(rec)
     if model is not None and rec.kind in ("download", "copy", "move"):
         settle_model_status(model, f"{rec.kind} to {rec.target_device} failed: {message}")
     if rec.kind == "serve":

@@ -31,7 +31,8 @@ from ..health import redis_client
 from ..models import Model, Node, Service, TaskRecord, WorkflowRun
 from ..operations import record_model_result, sender
 from .compiler import segments, step_device, step_queue
-from .spec import AVAILABLE, Workflow, validate
+from .data import after_commit, prepare_data, record_step_data
+from .spec import DATA_ACTIONS, Workflow, validate
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +51,6 @@ def submit(doc: dict[str, Any]) -> WorkflowRun:
     """Validate, check against the fleet, persist, and start; nothing is created when anything is refused."""
     settings = current_app.config["GSWARM_SETTINGS"]
     wf = validate(doc, settings.task_timeout_s)
-    for a in wf.actions:
-        if a.type not in AVAILABLE:
-            raise InvalidRequest(
-                f"actions[{a.id}].action_type: {a.type} actions are not available on this control plane yet",
-                {"field": f"actions[{a.id}].action_type", "action_type": a.type},
-            )
     nodes = {n.name: n for n in db.session.scalars(db.select(Node))}
     for a in wf.actions:
         q = step_queue(a)
@@ -81,7 +76,8 @@ def submit(doc: dict[str, Any]) -> WorkflowRun:
     )
     db.session.add(run)
     _register_models(wf)
-    rows = _step_rows(run, wf, nodes)
+    data_extra = prepare_data(run, wf)
+    rows = _step_rows(run, wf, nodes, data_extra)
     views = {r["id"]: _RowView(r) for r in rows}
     sends = _advance(run, views)  # decides the first chains before the rows are written: one insert, no updates
     for r in rows:
@@ -139,7 +135,9 @@ def _register_models(wf: Workflow) -> None:
     db.session.flush()
 
 
-def _step_rows(run: WorkflowRun, wf: Workflow, nodes: dict[str, Node]) -> list[dict[str, Any]]:
+def _step_rows(
+    run: WorkflowRun, wf: Workflow, nodes: dict[str, Node], data_extra: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
     settings = current_app.config["GSWARM_SETTINGS"]
     models = {m.name: m for m in db.session.scalars(db.select(Model))}
     rows = []
@@ -160,7 +158,8 @@ def _step_rows(run: WorkflowRun, wf: Workflow, nodes: dict[str, Node]) -> list[d
             model_name = params.get("model_name") if isinstance(params.get("model_name"), str) else None
             if a.type == "download" and not params.get("source_url") and model_name in models:
                 params["source_url"] = models[model_name].source_url
-            extra: dict[str, Any] = {}
+            extra: dict[str, Any] = dict(data_extra.get(a.id) or {})
+            params.update(extra.pop("params", {}))
             if a.type == "serve" and model_name in models:
                 sid = str(uuid.uuid4())
                 dev = Device.parse(params["device"])
@@ -250,6 +249,8 @@ def _spec(run_id: str, step: Any) -> dict[str, Any]:
         "service_id": p.get("service_id"),
         "source": p.get("source"),
         "trust_remote_code": p.get("trust_remote_code", False),
+        "chunk_id": p.get("chunk_id"),
+        "chunks": p.get("chunks"),
     }
 
 
@@ -374,6 +375,7 @@ def apply_step_events(entries: list[tuple[Any, dict[Any, Any]]]) -> None:
         except (KeyError, ValueError) as exc:
             log.warning("dropping malformed step event: %s", exc)
     sends: list[tuple[str, list[Any]]] = []
+    after: list[Any] = []
     for wf_id, evs in events.items():
         run = db.session.get(WorkflowRun, wf_id, with_for_update=True)
         if run is None:
@@ -390,7 +392,7 @@ def apply_step_events(entries: list[tuple[Any, dict[Any, Any]]]) -> None:
             if s is None:
                 continue
             before = s.state
-            failed |= _apply(s, ev)
+            failed |= _apply(s, ev, after)
             if s.state != before and s.state in TERMINAL:
                 ended = True
                 p = s.params or {}
@@ -412,13 +414,14 @@ def apply_step_events(entries: list[tuple[Any, dict[Any, Any]]]) -> None:
             sends.extend(_advance(run, steps))
     db.session.commit()
     _send(sends)
+    after_commit(after)
 
 
 def _at(value: Any) -> datetime | None:
     return datetime.fromtimestamp(float(value), UTC) if isinstance(value, int | float) else None
 
 
-def _apply(s: TaskRecord, ev: dict[str, Any]) -> bool:
+def _apply(s: TaskRecord, ev: dict[str, Any], after: list[Any] | None = None) -> bool:
     """One event on one step; terminal states are final. Returns True when the step failed now."""
     event, data = ev["event"], ev["data"]
     at = datetime.fromtimestamp(ev["time"], UTC)
@@ -439,6 +442,8 @@ def _apply(s: TaskRecord, ev: dict[str, Any]) -> bool:
         s.result = s.outputs
         if s.kind in ("download", "copy", "move", "delete", "serve", "stop_serve"):
             record_model_result(s, outputs)
+        elif s.kind in DATA_ACTIONS:
+            record_step_data(s, outputs, after if after is not None else [])
     elif event == "failed":
         s.state, s.finished_at, s.error = "failed", at, data.get("error")
         s.attempts = max(s.attempts or 0, int(data.get("attempt") or 1))

@@ -21,7 +21,8 @@ REF_RE = re.compile(r"\$\{([^}]*)\}")
 PRIORITIES = ("critical", "high", "normal", "low")
 MODEL_ACTIONS = ("download", "move", "copy", "delete", "serve", "stop_serve")
 DATA_ACTIONS = ("data_create", "data_move", "data_transfer", "inference", "data_merge")
-AVAILABLE = frozenset({*MODEL_ACTIONS, "health_check", "noop"})
+AVAILABLE = frozenset({*MODEL_ACTIONS, *DATA_ACTIONS, "health_check", "noop"})
+CHUNK_FIELDS = ("data_id", "input_data", "input_data_id", "input")  # fields that name one chunk
 
 COMMON = {
     "action_id",
@@ -49,9 +50,21 @@ FIELDS: dict[str, set[str]] = {
     "data_create": {"source", "data", "data_type", "format", "target_device", "metadata"},
     "data_move": {"data_id", "target_device"},
     "data_transfer": {"data_id", "target_node", "target_device", "delete_source"},
-    "inference": {"model_name", "service_url", "service", "input_data", "input_data_id", "input", "output_device"},
-    "data_merge": {"inputs", "output_device", "format"},
+    "inference": {
+        "model_name",
+        "service_url",
+        "service",
+        "endpoint",
+        "input_data",
+        "input_data_id",
+        "input",
+        "output_device",
+        "data_type",
+        "metadata",
+    },
+    "data_merge": {"inputs", "output_device", "format", "data_type", "metadata"},
 }
+DATA_OUTPUTS = {"chunk_id", "device", "size", "checksum", "path"}
 OUTPUTS: dict[str, set[str]] = {
     "download": {"device", "path", "size_bytes"},
     "move": {"device", "path", "size_bytes"},
@@ -61,11 +74,11 @@ OUTPUTS: dict[str, set[str]] = {
     "stop_serve": {"service_id"},
     "health_check": {"status_code", "url"},
     "noop": set(),
-    "data_create": {"chunk_id", "device"},
-    "data_move": {"chunk_id", "device"},
-    "data_transfer": {"chunk_id", "device"},
-    "inference": {"chunk_id", "device"},
-    "data_merge": {"chunk_id", "device"},
+    "data_create": DATA_OUTPUTS,
+    "data_move": DATA_OUTPUTS,
+    "data_transfer": DATA_OUTPUTS,
+    "inference": DATA_OUTPUTS,
+    "data_merge": DATA_OUTPUTS,
 }
 TOP = {"name", "description", "queue_config", "actions", "fail_fast", "version"}
 QUEUE_CONFIG = {"max_concurrent_tasks", "enable_resource_tracking", "resource_tracking", "priority_levels"}
@@ -233,6 +246,13 @@ def _action(errors: _Errors, i: int, raw: Any, default_task_timeout: float) -> A
     node = raw.get("node")
     if node is not None:
         node = errors.check(f"{where}.node", lambda: validate_node_name(node, f"{where}.node"))
+    if atype == "data_transfer" and isinstance(raw.get("target_node"), str) and "${" not in raw["target_node"]:
+        tn = raw["target_node"]
+        td = raw.get("target_device") or "dram"
+        if isinstance(td, str) and ":" not in td:
+            raw["target_device"] = f"{tn}:{td}"  # `target_node: node2` + `target_device: dram`
+        elif isinstance(td, str) and not td.startswith(f"{tn}:") and "${" not in td:
+            errors.add(f"{where}.target_device", f"{td!r} is not on target_node {tn!r}")
     _normalize_devices(errors, where, atype, raw, node)
     deps = raw.get("dependencies") or []
     if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
@@ -316,6 +336,8 @@ def _check_params(errors: _Errors, where: str, atype: str, p: dict[str, Any]) ->
         if not p.get("source") and p.get("data") is None:
             errors.add(f"{where}.source", "required (or data) for a data_create action")
         need("target_device")
+        if p.get("data_type", "input") not in ("input", "output", "intermediate"):
+            errors.add(f"{where}.data_type", "must be input, output or intermediate")
     elif atype in ("data_move", "data_transfer"):
         need("data_id")
         if atype == "data_move":
@@ -332,6 +354,21 @@ def _check_params(errors: _Errors, where: str, atype: str, p: dict[str, Any]) ->
         if not isinstance(p.get("inputs"), list) or not p["inputs"]:
             errors.add(f"{where}.inputs", "must be a non-empty list")
         need("output_device")
+        if p.get("format") not in (None, "json", "concat"):
+            errors.add(f"{where}.format", "must be json or concat")
+    if atype in DATA_ACTIONS:
+        for key in ("target_device", "output_device"):
+            dev = p.get(key)
+            if isinstance(dev, str) and "${" not in dev and ":" in dev and dev.split(":", 1)[1] not in ("disk", "dram"):
+                errors.add(f"{where}.{key}", f"{dev!r} is not a data tier: chunks live on a node's disk or dram")
+        if atype in ("inference", "data_merge") and p.get("data_type", "intermediate") not in (
+            "input",
+            "output",
+            "intermediate",
+        ):
+            errors.add(f"{where}.data_type", "must be input, output or intermediate")
+        if "metadata" in p and not isinstance(p["metadata"], dict):
+            errors.add(f"{where}.metadata", "must be a mapping")
 
 
 def _ancestors(actions: dict[str, Action]) -> dict[str, set[str]]:
