@@ -257,6 +257,7 @@ def copy_chunk(
                 streams=settings.transfer_streams,
                 progress=progress,
             )
+            dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging / chunk_id, dest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

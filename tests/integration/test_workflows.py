@@ -229,7 +229,7 @@ def test_yaml_multipart_graph_queue_and_refusals(fleet: Fleet) -> None:
                     }
                 ],
             },
-            "actions[d].action_type",
+            "actions[d].source",  # s3:// is refused unless enabled
         ),
         ({"name": "x", "actions": [noop("a", node="nodez")]}, "actions[a].node"),
     ]
