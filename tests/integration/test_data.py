@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import socket
 import threading
 from collections.abc import Iterator
 from functools import partial
