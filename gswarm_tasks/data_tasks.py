@@ -135,6 +135,16 @@ def _part(dest: Path) -> Path:
     return dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")
 
 
+def _file_port(node: NodeContext) -> int | None:
+    """The node's file server port: pool processes forked before it started read what the worker wrote."""
+    if node.file_port:
+        return node.file_port
+    try:
+        return int((node.storage_root / ".file-port").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _location(node: NodeContext, tier: str, chunk_id: str, path: Path, h: dict[str, Any]) -> dict[str, Any]:
     return {
         "chunk_id": chunk_id,
@@ -144,7 +154,7 @@ def _location(node: NodeContext, tier: str, chunk_id: str, path: Path, h: dict[s
         "checksum": h.get("sha256"),
         "blake3": h["blake3"],
         "address": node.address,
-        "file_port": node.file_port,
+        "file_port": _file_port(node),
     }
 
 
