@@ -96,3 +96,54 @@ def test_segments_never_add_a_barrier() -> None:
     assert sorted(segs) == [["a"], ["b"], ["c", "e", "f"], ["d"]]
     chain = validate(doc(*[noop(f"s{i}", *([f"s{i - 1}"] if i else [])) for i in range(5)]))
     assert [[a.id for a in s] for s in segments(chain)] == [["s0", "s1", "s2", "s3", "s4"]]
+
+
+def test_data_actions_normalize_their_devices() -> None:
+    wf = validate(
+        doc(
+            {"action_id": "a", "action_type": "data_create", "data": "aGk=", "target_device": "node1:dram"},
+            {
+                "action_id": "t",
+                "action_type": "data_transfer",
+                "data_id": "${a.chunk_id}",
+                "target_node": "node2",
+                "target_device": "disk",
+                "dependencies": ["a"],
+            },
+            {
+                "action_id": "u",
+                "action_type": "data_transfer",
+                "data_id": "${a.output}",
+                "target_node": "node3",
+                "dependencies": ["a"],
+            },
+        )
+    ).by_id()
+    assert wf["t"].params["target_device"] == "node2:disk"
+    assert wf["u"].params["target_device"] == "node3:dram"
+
+
+@pytest.mark.parametrize(
+    ("action", "field"),
+    [
+        ({"action_type": "data_move", "data_id": "c", "target_device": "node1:gpu0"}, "actions[x].target_device"),
+        (
+            {"action_type": "data_transfer", "data_id": "c", "target_node": "node2", "target_device": "node1:dram"},
+            "actions[x].target_device",
+        ),
+        ({"action_type": "inference", "input": "c", "output_device": "node1:dram"}, "actions[x].service_url"),
+        ({"action_type": "data_merge", "inputs": [], "output_device": "node1:dram"}, "actions[x].inputs"),
+        (
+            {"action_type": "data_merge", "inputs": ["c"], "output_device": "node1:dram", "format": "zip"},
+            "actions[x].format",
+        ),
+        (
+            {"action_type": "data_create", "source": "file:///x", "target_device": "node1:dram", "data_type": "tmp"},
+            "actions[x].data_type",
+        ),
+    ],
+)
+def test_data_action_mistakes_name_the_field(action: dict, field: str) -> None:
+    with pytest.raises(InvalidRequest) as exc:
+        validate(doc({"action_id": "x", **action}))
+    assert exc.value.message.startswith(field), exc.value.message
