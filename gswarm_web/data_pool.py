@@ -119,7 +119,8 @@ def _upsert(chunk: DataChunk, data: dict[str, Any]) -> ChunkLocation:
         chunk.size = data["size"]
     chunk.checksum = chunk.checksum or data.get("checksum")
     chunk.blake3 = chunk.blake3 or data.get("blake3")
-    chunk.status, chunk.status_message = "available", None
+    if chunk.status != "deleting":
+        chunk.status, chunk.status_message = "available", None
     return loc
 
 
@@ -156,6 +157,9 @@ def record_data_result(rec: TaskRecord, data: dict[str, Any]) -> None:
             db.session.delete(chunk)
         return
     loc = _upsert(chunk, data)
+    if chunk.status == "deleting":  # deleted while this copy was under way: it goes too
+        delete_copy(chunk, loc, "the chunk was deleted")
+        return
     if data.get("source_removed") and data.get("source_device"):
         _drop(chunk, str(data["source_device"]))
     elif rec.kind == "data_transfer" and params.get("delete_source") and rec.source_device:
