@@ -81,6 +81,22 @@ def verify_token(secret: bytes, token: str, node: str, path: str) -> None:
         raise PermissionError("token does not cover this path")
 
 
+def parse_range(header: str, size: int) -> tuple[int, int]:
+    """One `bytes=a-b`, `bytes=a-` or `bytes=-n` range as inclusive offsets; ValueError for anything else."""
+    if not header.startswith("bytes=") or "," in header:
+        raise ValueError(header)
+    a, sep, b = header[6:].strip().partition("-")
+    if not sep or (not a and not b) or not (a.isdigit() or not a) or not (b.isdigit() or not b):
+        raise ValueError(header)
+    if not a:
+        return max(0, size - int(b)), size - 1
+    start = int(a)
+    end = min(int(b), size - 1) if b else size - 1
+    if b and int(b) < start:
+        raise ValueError(header)
+    return start, end
+
+
 # ---- file server --------------------------------------------------------------------------------------------
 
 
@@ -142,11 +158,12 @@ class FileServer:
                     size = os.fstat(f.fileno()).st_size
                     start, end = 0, size - 1
                     rng = self.headers.get("Range")
-                    if rng and rng.startswith("bytes="):
-                        a, _, b = rng[6:].partition("-")
-                        start = int(a) if a else max(0, size - int(b))
-                        end = min(int(b), size - 1) if a and b else size - 1
-                        if start > end and size:
+                    if rng:
+                        try:
+                            start, end = parse_range(rng, size)
+                        except ValueError:
+                            start, end = size, size - 1  # malformed or several ranges: not satisfiable
+                        if start > end or start >= size:
                             self.send_response(416)
                             self.send_header("Content-Range", f"bytes */{size}")
                             self.send_header("Content-Length", "0")

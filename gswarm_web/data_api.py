@@ -19,6 +19,7 @@ from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import Conflict, InvalidRequest, NetworkError, NotFound, ResourceUnavailable
 
 from .data_pool import delete_copy, expected_of, get_chunk, holders, source_of, touch, usable_locations
+from .errors import error_response
 from .extensions import db
 from .models import ChunkLocation, ChunkRef, DataChunk, TaskRecord
 from .operations import ACTIVE, dispatch, require_node
@@ -281,6 +282,10 @@ class ChunkById(MethodView):
                 {"chunk_id": chunk_id, "references": held},
             )
         if not chunk.locations:
+            if chunk.status == "queued":  # its create is under way: the copy it makes is removed when it lands
+                chunk.status, chunk.status_message = "deleting", "deleted while being created"
+                db.session.commit()
+                return {"tasks": []}
             db.session.delete(chunk)
             db.session.commit()
             return {"tasks": []}
@@ -310,7 +315,17 @@ class ChunkContent(MethodView):
             upstream = requests.get(url, headers=headers, stream=True, timeout=(5, 60))
         except requests.RequestException as exc:
             raise NetworkError(f"{loc.node} did not answer for chunk {chunk_id}: {type(exc).__name__}") from exc
-        if upstream.status_code not in (200, 206, 416):
+        if upstream.status_code == 416:
+            upstream.close()
+            resp = error_response(
+                416,
+                "INVALID_REQUEST",
+                f"Range: {request.headers.get('Range')!r} is outside the chunk ({chunk.size} bytes) or malformed",
+                {"field": "Range", "size": chunk.size},
+            )
+            resp.headers["Content-Range"] = f"bytes */{chunk.size}"
+            return resp
+        if upstream.status_code not in (200, 206):
             upstream.close()
             raise NetworkError(
                 f"{loc.node} answered {upstream.status_code} for chunk {chunk_id}",
@@ -345,6 +360,12 @@ class ChunkMove(MethodView):
         if not args.get("target_device"):
             raise InvalidRequest("target_device: required", {"field": "target_device"})
         nodes = sorted({loc.node for loc in chunk.locations})
+        if ":" not in args["target_device"] and len(nodes) > 1:
+            raise InvalidRequest(
+                f"target_device: the chunk is on several nodes ({', '.join(nodes)}); name one, like {nodes[0]}:"
+                f"{args['target_device']}",
+                {"field": "target_device", "nodes": nodes},
+            )
         target = _data_device(args["target_device"], "target_device", nodes[0] if len(nodes) == 1 else None)
         if target.node not in nodes:
             raise InvalidRequest(

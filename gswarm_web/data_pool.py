@@ -150,6 +150,18 @@ def record_data_result(rec: TaskRecord, data: dict[str, Any]) -> None:
     params = rec.params or {}
     chunk = db.session.get(DataChunk, params.get("chunk_id"))
     if chunk is None:
+        if rec.kind != "data_delete" and data.get("device"):  # the chunk is gone: so goes the copy just made
+            from .operations import dispatch
+
+            dev = Device.parse(str(data["device"]))
+            dispatch(
+                "data_delete",
+                str(dev.node),
+                "gswarm.node.data.delete",
+                {"chunk_id": params["chunk_id"], "tier": dev.tier},
+                source=str(dev),
+                extra_params={"chunk_id": params["chunk_id"], "reason": "the chunk was deleted"},
+            )
         return
     if rec.kind == "data_delete":
         _drop(chunk, str(rec.source_device or data.get("device")))
@@ -176,7 +188,9 @@ def on_data_failure(rec: TaskRecord) -> None:
     if chunk is None:
         return
     message = (rec.error or {}).get("message")
-    if rec.kind == "data_create" and not chunk.locations:
+    if rec.kind == "data_create" and not chunk.locations and chunk.status == "deleting":
+        db.session.delete(chunk)  # deleted while being created, and the create failed: nothing is left
+    elif rec.kind == "data_create" and not chunk.locations:
         chunk.status, chunk.status_message = "failed", message
     elif rec.kind == "data_delete" and rec.source_device:
         loc = db.session.get(ChunkLocation, (chunk.id, rec.source_device))

@@ -15,6 +15,7 @@ from gswarm_tasks.errors import GswarmError
 from gswarm_tasks.settings import load_settings
 
 from .client import ApiClient
+from .data import data
 from .model import model
 from .profiler import profiler
 from .up import client, host, up
@@ -70,6 +71,7 @@ main.add_command(model)
 main.add_command(workflow)
 main.add_command(queue)
 main.add_command(profiler)
+main.add_command(data)
 
 
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:

@@ -58,3 +58,26 @@ class ApiClient:
 
     def delete(self, path: str, **params: Any) -> Any:
         return self.request("DELETE", path, params=params)
+
+    def stream(self, path: str, headers: dict[str, str] | None = None, **params: Any) -> requests.Response:
+        """A GET whose body is bytes, streamed: the caller reads `iter_content` and closes the response (use it
+        in a `with`). Errors raise as in `request`."""
+        try:
+            resp = self.session.get(
+                f"{self.base_url}/api/v1/{path.lstrip('/')}",
+                params={k: v for k, v in params.items() if v is not None},
+                headers=headers,
+                stream=True,
+                timeout=self.timeout,
+            )
+        except requests.RequestException as exc:
+            raise NetworkError(f"cannot reach the gswarm API at {self.base_url}: {type(exc).__name__}") from exc
+        if resp.status_code >= 400:
+            try:
+                body = resp.json()
+            except ValueError:
+                body = {}
+            finally:
+                resp.close()
+            raise ApiError(resp.status_code, body if isinstance(body, dict) else {})
+        return resp

@@ -62,3 +62,15 @@ def test_inference_sends_lines_or_a_json_request() -> None:
     assert _texts(b'["x", "y"]', "c") == ["x", "y"]
     with pytest.raises(InvalidRequest):
         _texts(b"\xff\xfe", "c")
+
+
+def test_range_headers_the_file_server_accepts() -> None:
+    from gswarm_tasks.transfer import parse_range
+
+    assert parse_range("bytes=0-9", 100) == (0, 9)
+    assert parse_range("bytes=90-", 100) == (90, 99)
+    assert parse_range("bytes=-10", 100) == (90, 99)
+    assert parse_range("bytes=95-200", 100) == (95, 99)
+    for bad in ("bytes=abc", "bytes=0-1,5-6", "items=0-1", "bytes=-", "bytes=9-3", "bytes=1-x"):
+        with pytest.raises(ValueError):
+            parse_range(bad, 100)
