@@ -148,7 +148,8 @@ def delete_copy(chunk: DataChunk, loc: ChunkLocation, reason: str = "delete") ->
 def record_data_result(rec: TaskRecord, data: dict[str, Any]) -> None:
     """A chunk was stored or copied (a verified location) or one copy was removed."""
     params = rec.params or {}
-    chunk = db.session.get(DataChunk, params.get("chunk_id"))
+    # The chunk row is locked: two copies removed at once must not each see the other still there.
+    chunk = db.session.get(DataChunk, params.get("chunk_id"), with_for_update=True, populate_existing=True)
     if chunk is None:
         if rec.kind != "data_delete" and data.get("device"):  # the chunk is gone: so goes the copy just made
             from .operations import dispatch
