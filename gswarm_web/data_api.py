@@ -6,6 +6,8 @@ import base64
 import binascii
 import hashlib
 import uuid
+from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import marshmallow as ma
@@ -13,6 +15,7 @@ import requests
 from flask import Response, current_app, request, stream_with_context
 from flask.views import MethodView
 from flask_smorest import Blueprint
+from sqlalchemy import inspect as sa_inspect
 
 from gswarm_tasks.data_tasks import parse_data_source
 from gswarm_tasks.devices import Device
@@ -151,27 +154,40 @@ class Chunks(MethodView):
             if same is not None:
                 same.deduplicated, same.task_id = True, None
                 return same, 200
-        chunk = DataChunk(
-            id=str(uuid.uuid4()),
-            chunk_type=args["type"],
-            format=args.get("format"),
-            meta=args["metadata"],
-            status="queued",
-            created_by="api",
-            locations=[],
-        )
-        db.session.add(chunk)
-        db.session.commit()
+        fields: dict[str, Any] = {
+            "id": str(uuid.uuid4()),
+            "chunk_type": args["type"],
+            "format": args.get("format"),
+            "meta": args["metadata"],
+            "status": "queued",
+            "created_by": "api",
+            "created_at": datetime.now(UTC),
+            "checksum": checksum,
+        }
+        db.session.add(DataChunk(**fields, locations=[], refs=[]))
+        # One transaction for the chunk and its task (dispatch commits); the answer is built from what was
+        # written, so nothing is read back (this endpoint takes small chunks by the thousand).
         rec = dispatch(
             "data_create",
             str(dev.node),
             "gswarm.node.data.create",
-            {"chunk_id": chunk.id, **kwargs},
+            {"chunk_id": fields["id"], **kwargs},
             target=str(dev),
-            extra_params={"chunk_id": chunk.id},
+            extra_params={"chunk_id": fields["id"]},
         )
-        chunk.task_id, chunk.deduplicated = rec.id, False
-        return chunk, 202
+        view = SimpleNamespace(
+            **fields,
+            size=None,
+            blake3=None,
+            status_message=None,
+            last_accessed=None,
+            access_count=0,
+            locations=[],
+            refs=[],
+            task_id=sa_inspect(rec).identity[0],
+            deduplicated=False,
+        )
+        return view, 202
 
 
 class ChunkCopySchema(ma.Schema):

@@ -41,7 +41,7 @@ def live_refs() -> Any:
     )
 
 
-def holders(chunk: DataChunk) -> list[str]:
+def holders(chunk: Any) -> list[str]:
     """Who holds a chunk now: its pins and the workflows that read or write it while they run."""
     out = []
     for r in chunk.refs:
