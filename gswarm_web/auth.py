@@ -42,16 +42,22 @@ def ensure_token(name: str, token: str, role: str = "admin") -> None:
         db.session.commit()
 
 
-def role_of(token: str) -> str | None:
+def identity_of(token: str) -> tuple[str, str] | None:
+    """(role, token name) of a valid token; None for an unknown or revoked one."""
     fixed = current_app.config.get("GSWARM_ADMIN_TOKEN")
     if fixed and hmac.compare_digest(token.encode(), str(fixed).encode()):
-        return "admin"
+        return "admin", "admin-token"
     row = db.session.execute(
-        db.select(ApiToken.role, ApiToken.revoked_at).where(ApiToken.token_hash == hash_token(token))
+        db.select(ApiToken.role, ApiToken.name, ApiToken.revoked_at).where(ApiToken.token_hash == hash_token(token))
     ).first()
     if row is None or row.revoked_at is not None:
         return None
-    return str(row.role)
+    return str(row.role), str(row.name)
+
+
+def role_of(token: str) -> str | None:
+    ident = identity_of(token)
+    return ident[0] if ident else None
 
 
 def revoke_token(prefix: str) -> int:
@@ -73,9 +79,10 @@ def init_auth(app: Flask) -> None:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized("a bearer token is required (Authorization: Bearer <token>)")
-        role = role_of(token.strip())
-        if role is None:
+        ident = identity_of(token.strip())
+        if ident is None:
             raise Unauthorized("the bearer token is not valid")
-        g.role = role
+        g.role, g.token_name = ident
+        role = g.role
         if request.method not in READ_METHODS and role != "admin":
             raise Forbidden(f"a {role} token cannot {request.method} {request.path}", {"role": role})

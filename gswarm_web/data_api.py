@@ -12,7 +12,7 @@ from typing import Any
 
 import marshmallow as ma
 import requests
-from flask import Response, current_app, request, stream_with_context
+from flask import Response, current_app, g, request, stream_with_context
 from flask.views import MethodView
 from flask_smorest import Blueprint
 from sqlalchemy import inspect as sa_inspect
@@ -160,7 +160,7 @@ class Chunks(MethodView):
             "format": args.get("format"),
             "meta": args["metadata"],
             "status": "queued",
-            "created_by": "api",
+            "created_by": f"api:{g.get('token_name') or 'anonymous'}",
             "created_at": datetime.now(UTC),
             "checksum": checksum,
         }

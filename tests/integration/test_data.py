@@ -88,6 +88,7 @@ def test_base64_chunk_lands_on_the_tier_and_equal_content_is_stored_once(fleet: 
     body = {"data": base64.b64encode(raw).decode(), "device": "node1:dram", "type": "input", "format": "bytes"}
     chunk = created(fleet, body)
     assert chunk["status"] == "available" and chunk["size"] == len(raw)
+    assert chunk["metadata"]["created_by"] == "api:fleet"  # the name of the token that made it
     assert chunk["metadata"]["checksum"] == hashlib.sha256(raw).hexdigest()
     assert [loc["device"] for loc in chunk["locations"]] == ["node1:dram"]
     stored = fleet.dram("node1") / "data" / chunk["chunk_id"]
