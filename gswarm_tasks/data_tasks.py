@@ -153,6 +153,7 @@ def _location(node: NodeContext, tier: str, chunk_id: str, path: Path, h: dict[s
         "size": h["size"],
         "checksum": h.get("sha256"),
         "blake3": h["blake3"],
+        "blocks": h.get("blocks"),
         "address": node.address,
         "file_port": _file_port(node),
     }
@@ -188,7 +189,7 @@ def store_chunk(
                 _fetch_s3(src.url, tmp, settings)
             else:
                 _fetch_http(src.url, tmp, settings.data_max_size, progress)
-        h = hash_file(tmp)
+        h = hash_file(tmp, blocks=True)
         if checksum and h["sha256"] != checksum:
             raise VerificationError(
                 "data: the bytes do not match their checksum", {"expected": checksum, "actual": h["sha256"]}
@@ -229,6 +230,8 @@ def copy_chunk(
     entry = {"path": chunk_id, "size": int(expected["size"])}
     if expected.get("blake3"):
         entry["blake3"] = expected["blake3"]
+        if expected.get("blocks") is not None:
+            entry["blocks"] = list(expected["blocks"])
     elif expected.get("checksum"):
         entry["sha256"] = expected["checksum"]
     else:
@@ -271,7 +274,12 @@ def copy_chunk(
             os.replace(staging / chunk_id, dest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    h = {"size": entry["size"], "blake3": expected.get("blake3"), "sha256": expected.get("checksum")}
+    h = {
+        "size": entry["size"],
+        "blake3": expected.get("blake3"),
+        "sha256": expected.get("checksum"),
+        "blocks": expected.get("blocks"),
+    }
     out = _location(node, tier, chunk_id, dest, h)
     out["source_device"] = f"{source['node']}:{source['tier']}"
     out["source_removed"] = bool(remove_source and source["node"] == node.name)

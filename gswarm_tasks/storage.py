@@ -23,6 +23,7 @@ from .errors import InvalidRequest, ResourceUnavailable, TaskFailed
 MANIFEST_FILE = ".gswarm-manifest.json"
 STAGING = ".staging"
 CHUNK = 8 * 1024 * 1024
+HASH_BLOCK = 16 * 1024 * 1024  # the unit of transfer ranges and of per-block hashes
 Progress = Callable[[int], None]
 
 
@@ -75,10 +76,16 @@ def iter_files(root: Path) -> Iterator[tuple[str, Path]]:
                 yield p.relative_to(root).as_posix(), p
 
 
-def hash_file(path: Path, sha256: bool = True, progress: Progress | None = None) -> dict[str, Any]:
-    """Size, sha256 and blake3 of a file in one pass (both hashes release the GIL)."""
+def hash_file(
+    path: Path, sha256: bool = True, progress: Progress | None = None, blocks: bool = False
+) -> dict[str, Any]:
+    """Size, sha256 and blake3 of a file in one pass (the hashes release the GIL). With `blocks`, also the
+    blake3 of each HASH_BLOCK-sized block, which lets a transfer verify each block as it arrives."""
     s = hashlib.sha256() if sha256 else None
     b = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    per_block: list[str] = []
+    bh = blake3.blake3() if blocks else None
+    in_block = 0
     size = 0
     with open(path, "rb", buffering=0) as f:
         buf = bytearray(CHUNK)
@@ -88,17 +95,30 @@ def hash_file(path: Path, sha256: bool = True, progress: Progress | None = None)
             if s is not None:
                 s.update(chunk)
             b.update(chunk)
+            if bh is not None:
+                off = 0
+                while off < n:  # a read may straddle a block boundary
+                    take = min(n - off, HASH_BLOCK - in_block)
+                    bh.update(chunk[off : off + take])
+                    off, in_block = off + take, in_block + take
+                    if in_block == HASH_BLOCK:
+                        per_block.append(bh.hexdigest())
+                        bh, in_block = blake3.blake3(), 0
             size += n
             if progress:
                 progress(n)
     out: dict[str, Any] = {"size": size, "blake3": b.hexdigest()}
     if s is not None:
         out["sha256"] = s.hexdigest()
+    if bh is not None:
+        if in_block:
+            per_block.append(bh.hexdigest())
+        out["blocks"] = per_block
     return out
 
 
 def build_manifest(root: Path, progress: Progress | None = None) -> dict[str, Any]:
-    files = [{"path": rel, **hash_file(p, progress=progress)} for rel, p in iter_files(root)]
+    files = [{"path": rel, **hash_file(p, progress=progress, blocks=True)} for rel, p in iter_files(root)]
     return {"version": 1, "files": files, "total_bytes": sum(f["size"] for f in files)}
 
 

@@ -25,12 +25,12 @@ import redis
 
 from .devices import file_path
 from .errors import InvalidRequest, NetworkError
-from .storage import MANIFEST_FILE, VerificationError, check_file
+from .storage import HASH_BLOCK, MANIFEST_FILE, VerificationError, check_file
 
 log = logging.getLogger(__name__)
 
 SECRET_KEY = "gswarm:transfer-secret"
-BLOCK = 16 * 1024 * 1024
+BLOCK = HASH_BLOCK
 BUF = 1024 * 1024
 
 
@@ -304,8 +304,13 @@ def pull_files(
     state = _Progress(dest / ".gswarm-transfer.json")
     limiter = RateLimiter(bandwidth_limit)
     jobs: list[tuple[str, Path, int, int, int]] = []
+    block_hashes: dict[str, list[str]] = {}
     for entry in manifest["files"]:
         rel, size = entry["path"], int(entry["size"])
+        if entry.get("blocks") is not None:
+            if len(entry["blocks"]) != (size + BLOCK - 1) // BLOCK:
+                raise VerificationError(f"{rel}: the manifest lists a wrong number of block hashes", {"file": rel})
+            block_hashes[rel] = list(entry["blocks"])
         path = file_path(dest, rel)
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.stat().st_size != size:
@@ -343,6 +348,8 @@ def pull_files(
             buf = bytearray(min(BUF, length))
             mv = memoryview(buf)
             pos, left = off, length
+            want = block_hashes[rel][block] if rel in block_hashes else None
+            hasher = blake3.blake3() if want is not None else None  # verified while the bytes are in cache
             with open(path, "r+b", buffering=0) as f:
                 fd = f.fileno()
                 while left:
@@ -350,11 +357,19 @@ def pull_files(
                     if not n:
                         raise NetworkError(f"connection closed in the middle of {rel}", {"file": rel})
                     os.pwrite(fd, mv[:n], pos)
+                    if hasher is not None:
+                        hasher.update(mv[:n])
                     pos += n
                     left -= n
                     limiter.take(n)
                     if progress:
                         progress(n)
+            if hasher is not None and hasher.hexdigest() != want:
+                raise VerificationError(
+                    f"{rel}: blake3 mismatch in block {block} (expected {str(want)[:16]}..., got "
+                    f"{hasher.hexdigest()[:16]}...)",
+                    {"file": rel, "algorithm": "blake3", "block": block},
+                )
             with lock:
                 fetched += length
             state.mark(rel, block)
@@ -370,8 +385,13 @@ def pull_files(
     try:
         for fut in as_completed([pool.submit(fetch, j) for j in jobs]):
             fut.result()
-    except BaseException:
+    except BaseException as failure:
         state.fail()
+        pool.shutdown(wait=True, cancel_futures=True)
+        bad = failure.details.get("file") if isinstance(failure, VerificationError) else None
+        if bad:  # a block did not match its hash: the file goes
+            file_path(dest, str(bad)).unlink(missing_ok=True)
+            state.forget(str(bad))
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
@@ -406,6 +426,10 @@ def _verify_files(
     for entry in manifest["files"]:
         rel, size = entry["path"], int(entry["size"])
         path = file_path(dest, rel)
+        if entry.get("blocks") is not None:  # every block was checked as it arrived
+            if all(state.wait_for(rel, b) for b in range((size + BLOCK - 1) // BLOCK)):
+                verdict[rel] = None
+            continue
         if "blake3" not in entry:  # an old manifest: check the finished file by sha256
             if not all(state.wait_for(rel, b) for b in range(0, (size + BLOCK - 1) // BLOCK)):
                 return

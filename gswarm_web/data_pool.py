@@ -69,7 +69,7 @@ def usable_locations(chunk: DataChunk, prefer_node: str | None = None) -> list[C
 
 
 def expected_of(chunk: DataChunk) -> dict[str, Any]:
-    return {"size": chunk.size, "blake3": chunk.blake3, "checksum": chunk.checksum}
+    return {"size": chunk.size, "blake3": chunk.blake3, "checksum": chunk.checksum, "blocks": chunk.block_hashes}
 
 
 def source_of(chunk: DataChunk, loc: ChunkLocation, dest_node: str, ttl_s: float | None = None) -> dict[str, Any]:
@@ -97,6 +97,7 @@ def location_view(chunk: DataChunk, loc: ChunkLocation) -> dict[str, Any]:
         "size": chunk.size,
         "blake3": chunk.blake3,
         "checksum": chunk.checksum,
+        "blocks": chunk.block_hashes,
         "format": chunk.format,
     }
 
@@ -119,6 +120,7 @@ def _upsert(chunk: DataChunk, data: dict[str, Any]) -> ChunkLocation:
         chunk.size = data["size"]
     chunk.checksum = chunk.checksum or data.get("checksum")
     chunk.blake3 = chunk.blake3 or data.get("blake3")
+    chunk.block_hashes = chunk.block_hashes or data.get("blocks")
     if chunk.status != "deleting":
         chunk.status, chunk.status_message = "available", None
     return loc

@@ -239,6 +239,7 @@ class DataChunk(db.Model):  # type: ignore[name-defined]
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     checksum: Mapped[str | None] = mapped_column(String(64), index=True)
     blake3: Mapped[str | None] = mapped_column(String(64))
+    block_hashes: Mapped[list[str] | None] = mapped_column(JSON)  # blake3 of each 16 MiB block
     size: Mapped[int | None] = mapped_column(db.BigInteger)
     chunk_type: Mapped[str] = mapped_column(String(16), default="input")
     format: Mapped[str | None] = mapped_column(String(32))
