@@ -9,7 +9,6 @@ a task reports it. The `op_*` functions are shared by the Celery tasks here and 
 from __future__ import annotations
 
 import base64
-import hashlib
 import http.client
 import importlib.util
 import json
@@ -403,8 +402,6 @@ def create(
     def body(rep: Reporter) -> dict[str, Any]:
         rep.phase = "creating"  # progress only: a phase event per chunk would cost the control worker a task
         data = base64.b64decode(data_b64, validate=True) if data_b64 is not None else None
-        if data is not None and checksum and hashlib.sha256(data).hexdigest() != checksum:
-            raise InvalidRequest("data: the bytes do not match their checksum", {"field": "data"})
         return store_chunk(node, settings, chunk_id, tier, data, source_url, checksum, rep.progress)
 
     return run_op(self, op_id, body)

@@ -306,8 +306,7 @@ class ChunkById(MethodView):
             db.session.commit()
             return {"tasks": []}
         chunk.status = "deleting"
-        for ref in list(chunk.refs):
-            chunk.refs.remove(ref)
+        chunk.refs.clear()
         tasks = [delete_copy(chunk, loc).id for loc in list(chunk.locations)]
         return {"tasks": tasks}
 

@@ -15,10 +15,8 @@ from sqlalchemy import func, or_
 
 from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import NotFound, ResourceUnavailable
-from gswarm_tasks.transfer import sign_token, transfer_secret
 
 from .extensions import db
-from .health import redis_client
 from .models import ChunkLocation, ChunkRef, DataChunk, Node, TaskRecord, WorkflowRun
 from .registry import node_status
 
@@ -80,11 +78,9 @@ def source_of(chunk: DataChunk, loc: ChunkLocation, dest_node: str, ttl_s: float
     node = db.session.get(Node, loc.node)
     if node is None or not node.file_port or not node.address:
         raise ResourceUnavailable(f"{loc.node} announced no file server", {"node": loc.node})
-    settings = current_app.config["GSWARM_SETTINGS"]
-    prefix = f"{loc.tier}/data/{chunk.id}"
-    secret = transfer_secret(redis_client(), settings.transfer_secret)
-    token = sign_token(secret, loc.node, prefix, ttl_s or settings.transfer_token_ttl_s)
-    return {"node": loc.node, "tier": loc.tier, "address": node.address, "port": node.file_port, "token": token}
+    from .operations import peer_source
+
+    return peer_source(node, loc.tier, f"{loc.tier}/data/{chunk.id}", ttl_s)
 
 
 def location_view(chunk: DataChunk, loc: ChunkLocation) -> dict[str, Any]:
@@ -233,7 +229,7 @@ def enforce_dram_capacity(nodes: list[str] | None = None) -> list[str]:
     )
     if nodes:
         query = query.where(ChunkLocation.node.in_(nodes))
-    held = set(db.session.scalars(live_refs()))
+    held: set[str] | None = None
     for node, used in db.session.execute(query).all():
         used = int(used or 0)
         if used <= cap:
@@ -256,6 +252,8 @@ def enforce_dram_capacity(nodes: list[str] | None = None) -> list[str]:
             )
             .order_by(func.coalesce(DataChunk.last_accessed, DataChunk.created_at), DataChunk.id)
         ).all()
+        if held is None:
+            held = set(db.session.scalars(live_refs()))
         for chunk, loc in candidates:
             if used <= cap:
                 break

@@ -112,13 +112,17 @@ def source_spec(model: Model, src: Device, dest_node: str) -> dict[str, Any]:
         raise ResourceUnavailable(
             f"source_device: {src.node} announced no file server", {"field": "source_device", "node": src.node}
         )
+    return peer_source(node, src.tier, f"{src.tier}/models/{model.name}")
+
+
+def peer_source(node: Node, tier: str, prefix: str, ttl_s: float | None = None) -> dict[str, Any]:
+    """Where a destination pulls from a peer: its file server, and a token for files under `prefix` only."""
     settings = current_app.config["GSWARM_SETTINGS"]
     secret = transfer_secret(redis_client(), settings.transfer_secret)
-    prefix = f"{src.tier}/models/{model.name}"
-    token = sign_token(secret, str(src.node), prefix, settings.transfer_token_ttl_s)
+    token = sign_token(secret, node.name, prefix, ttl_s or settings.transfer_token_ttl_s)
     return {
-        "node": src.node,
-        "tier": src.tier,
+        "node": node.name,
+        "tier": tier,
         "address": node.address,
         "port": node.file_port,
         "token": token,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,7 @@ from ..extensions import db
 from ..models import ChunkLocation, ChunkRef, DataChunk, Model, Service, WorkflowRun
 from .spec import CHUNK_FIELDS, REF_RE, Workflow, _ancestors
 
+log = logging.getLogger(__name__)
 PRODUCERS = ("data_create", "inference", "data_merge")
 
 
@@ -174,6 +176,4 @@ def after_commit(after: list[Callable[[], Any]]) -> None:
             db.session.commit()
         except Exception:
             db.session.rollback()
-            import logging
-
-            logging.getLogger(__name__).exception("data bookkeeping after a step failed")
+            log.exception("data bookkeeping after a step failed")

@@ -23,13 +23,12 @@ from flask import current_app
 from gswarm_tasks import defaults
 from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import InvalidRequest, NotFound
-from gswarm_tasks.transfer import sign_token, transfer_secret
 from gswarm_tasks.workflow_tasks import CANCEL_TASK_KEY, CANCEL_WF_KEY, KEEP_S, SPECS_KEY
 
 from ..extensions import db
 from ..health import redis_client
 from ..models import Model, Node, Service, TaskRecord, WorkflowRun
-from ..operations import record_model_result, sender
+from ..operations import peer_source, record_model_result, sender
 from .compiler import segments, step_device, step_queue
 from .data import after_commit, prepare_data, record_step_data
 from .spec import DATA_ACTIONS, Workflow, validate
@@ -218,18 +217,7 @@ def _step_rows(
 def _source(nodes: dict[str, Node], src: Device, dest_node: str, model: str, ttl: float) -> dict[str, Any]:
     if src.node == dest_node:
         return {"node": src.node, "tier": src.tier}
-    node = nodes[str(src.node)]
-    settings = current_app.config["GSWARM_SETTINGS"]
-    prefix = f"{src.tier}/models/{model}"
-    token = sign_token(transfer_secret(redis_client(), settings.transfer_secret), str(src.node), prefix, ttl)
-    return {
-        "node": src.node,
-        "tier": src.tier,
-        "address": node.address,
-        "port": node.file_port,
-        "token": token,
-        "prefix": prefix,
-    }
+    return peer_source(nodes[str(src.node)], src.tier, f"{src.tier}/models/{model}", ttl)
 
 
 # ---- the dispatcher -----------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +168,21 @@ class Fleet:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
         shutil.rmtree(self.dram_base, ignore_errors=True)
         redis.Redis.from_url(self.redis_url).flushdb()
+
+
+@contextmanager
+def running_fleet(
+    tmp: Path, redis_db: int, nodes: tuple[str, ...] = ("node1", "node2"), extra_env: dict[str, str] | None = None
+) -> Iterator[Fleet]:
+    """A fleet with its control worker and node workers up, closed afterwards whatever happened."""
+    f = Fleet(tmp, redis_db=redis_db, extra_env=extra_env)
+    try:
+        f.start("control", "control", app_module="gswarm_web.celery_app")
+        for node in nodes:
+            f.start_node(node)
+        yield f
+    finally:
+        f.close()
 
 
 def deadline(seconds: float) -> float:

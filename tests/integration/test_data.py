@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.fleet import Fleet
+from tests.integration.fleet import Fleet, running_fleet
 from tests.integration.procs import wait_for
 
 DRAM_CAPACITY = 8_000_000
@@ -55,7 +55,7 @@ def web_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, i
 def fleet(tmp_path_factory: pytest.TempPathFactory, web_root: tuple[Path, int]) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("data")
     (tmp / "allowed").mkdir()
-    f = Fleet(
+    with running_fleet(
         tmp,
         redis_db=9,
         extra_env={
@@ -64,14 +64,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, web_root: tuple[Path, int]) 
             "GSWARM_DATA_DRAM_CAPACITY": str(DRAM_CAPACITY),
             "GSWARM_DATA_INTERMEDIATE_TTL": "1",
         },
-    )
-    try:
-        f.start("control", "control", app_module="gswarm_web.celery_app")
-        f.start_node("node1")
-        f.start_node("node2")
+    ) as f:
         yield f
-    finally:
-        f.close()
 
 
 def created(fleet: Fleet, body: dict) -> dict:

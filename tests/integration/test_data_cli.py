@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.fleet import Fleet
+from tests.integration.fleet import Fleet, running_fleet
 from tests.integration.procs import wait_for
 
 GSWARM = str(Path(sys.executable).with_name("gswarm"))
@@ -24,14 +24,8 @@ GSWARM = str(Path(sys.executable).with_name("gswarm"))
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("data_cli")
     (tmp / "allowed").mkdir()
-    f = Fleet(tmp, redis_db=7, extra_env={"GSWARM_MODELS_ALLOWED_ROOTS": str(tmp / "allowed")})
-    try:
-        f.start("control", "control", app_module="gswarm_web.celery_app")
-        f.start_node("node1")
-        f.start_node("node2")
+    with running_fleet(tmp, redis_db=7, extra_env={"GSWARM_MODELS_ALLOWED_ROOTS": str(tmp / "allowed")}) as f:
         yield f
-    finally:
-        f.close()
 
 
 @dataclass

@@ -17,7 +17,7 @@ import pytest
 from gswarm_web.workflows.examples import EXAMPLES
 from gswarm_web.workflows.spec import load_document
 from tests.hfserver import HfTestServer
-from tests.integration.fleet import Fleet
+from tests.integration.fleet import Fleet, running_fleet
 from tests.integration.procs import wait_for
 
 REPO = "sentence-transformers/all-MiniLM-L6-v2"
@@ -37,7 +37,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
     tmp = tmp_path_factory.mktemp("pipeline")
     (tmp / "inputs").mkdir()
     with HfTestServer({REPO: model_dir}) as hf:
-        f = Fleet(
+        with running_fleet(
             tmp,
             redis_db=8,
             extra_env={
@@ -45,14 +45,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
                 "HF_HUB_DISABLE_TELEMETRY": "1",
                 "GSWARM_MODELS_ALLOWED_ROOTS": str(tmp / "inputs"),
             },
-        )
-        try:
-            f.start("control", "control", app_module="gswarm_web.celery_app")
-            f.start_node("node1")
-            f.start_node("node2")
+        ) as f:
             yield f
-        finally:
-            f.close()
 
 
 def localize(fleet: Fleet, doc: dict[str, Any], models: dict[str, str], inputs: dict[str, list[str]]) -> None:

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from tests.hfserver import HfTestServer
-from tests.integration.fleet import Fleet, sha256
+from tests.integration.fleet import Fleet, running_fleet, sha256
 from tests.integration.procs import wait_for
 
 REPO = "sentence-transformers/all-MiniLM-L6-v2"
@@ -35,7 +35,7 @@ def hf(model_dir: Path) -> Iterator[HfTestServer]:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, hf: HfTestServer, model_dir: Path) -> Iterator[Fleet]:
-    f = Fleet(
+    with running_fleet(
         tmp_path_factory.mktemp("fleet"),
         redis_db=12,
         extra_env={
@@ -43,14 +43,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, hf: HfTestServer, model_dir:
             "HF_HUB_DISABLE_TELEMETRY": "1",
             "GSWARM_MODELS_ALLOWED_ROOTS": str(model_dir.parent),
         },
-    )
-    try:
-        f.start("control", "control", app_module="gswarm_web.celery_app")
-        f.start_node("node1")
-        f.start_node("node2")
+    ) as f:
         yield f
-    finally:
-        f.close()
 
 
 def test_hf_download_lands_on_disk_with_a_verified_manifest(fleet: Fleet, hf: HfTestServer, model_dir: Path) -> None:

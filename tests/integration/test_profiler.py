@@ -14,7 +14,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.fleet import Fleet
+from tests.integration.fleet import Fleet, running_fleet
 from tests.integration.procs import wait_for
 
 
@@ -26,13 +26,10 @@ def until(seconds: float) -> None:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    f = Fleet(tmp_path_factory.mktemp("prof"), redis_db=10, extra_env={"GSWARM_FAKE_GPUS": "2"})
-    try:
-        f.start("control", "control", app_module="gswarm_web.celery_app")
-        f.start_node("node1")
+    with running_fleet(
+        tmp_path_factory.mktemp("prof"), redis_db=10, extra_env={"GSWARM_FAKE_GPUS": "2"}, nodes=("node1",)
+    ) as f:
         yield f
-    finally:
-        f.close()
 
 
 def test_overlapping_sessions_each_get_their_frequency_and_window(fleet: Fleet) -> None:

@@ -11,20 +11,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.fleet import Fleet
+from tests.integration.fleet import Fleet, running_fleet
 from tests.integration.procs import wait_for
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    f = Fleet(tmp_path_factory.mktemp("wf"), redis_db=14)
-    try:
-        f.start("control", "control", app_module="gswarm_web.celery_app")
-        f.start_node("node1")
-        f.start_node("node2")
+    with running_fleet(tmp_path_factory.mktemp("wf"), redis_db=14) as f:
         yield f
-    finally:
-        f.close()
 
 
 def noop(aid: str, *deps: str, node: str = "node1", **kw: Any) -> dict[str, Any]:
