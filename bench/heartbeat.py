@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import cpu_seconds  # noqa: E402
-from gswarm_tasks import defaults  # noqa: E402
-from gswarm_tasks.node import node_info  # noqa: E402
+from gswarm_tasks import names  # noqa: E402
+from gswarm_tasks.heartbeat import node_info  # noqa: E402
 from gswarm_web.migrate import upgrade  # noqa: E402
 
 
@@ -127,9 +127,9 @@ def main() -> int:
             while next_idx < due:
                 body = bodies[next_idx % args.nodes]
                 pipe.xadd(
-                    defaults.HEARTBEAT_STREAM,
+                    names.HEARTBEAT_STREAM,
                     {"node": f"sim-{next_idx % args.nodes:04d}", "data": body},
-                    maxlen=defaults.HEARTBEAT_STREAM_MAXLEN,
+                    maxlen=names.HEARTBEAT_MAXLEN,
                     approximate=True,
                 )
                 next_idx += 1

@@ -23,16 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import cpu_seconds  # noqa: E402
+from gswarm_tasks.names import CONTROL_GROUP, METRICS_LATEST_KEY, frames_stream  # noqa: E402
 from gswarm_tasks.nvml import FakeGpuSource  # noqa: E402
-from gswarm_tasks.profiler import FRAMES_KEY  # noqa: E402
-from gswarm_web.profiling import GROUP, LATEST_KEY  # noqa: E402
 from tests.integration.fleet import Fleet  # noqa: E402
 from tests.integration.procs import wait_for  # noqa: E402
 
 SAMPLER_PROBE = """
 import sys, time, psutil, redis
 from gswarm_tasks.nvml import FakeGpuSource
-from gswarm_tasks.profiler import Sampler
+from gswarm_tasks.sampler import Sampler
 s = Sampler(redis.Redis.from_url(sys.argv[1]), "probe", 1.0, source=FakeGpuSource(8))
 s.start()
 p = psutil.Process()
@@ -62,17 +61,15 @@ def main() -> int:
         body = json.dumps({"node": "x", "seq": 0, "time": time.time(), "gpus": gpus, "host": {"cpu_percent": 1.0}})
         names = [f"sim-{i:03d}" for i in range(args.nodes)]
         for n in names:
-            r.xadd(FRAMES_KEY.format(n), {"data": body})
-        wait_for(
-            lambda: all(r.xinfo_groups(FRAMES_KEY.format(n)) for n in names), 30, "the consumer to find the streams"
-        )
+            r.xadd(frames_stream(n), {"data": body})
+        wait_for(lambda: all(r.xinfo_groups(frames_stream(n)) for n in names), 30, "the consumer to find the streams")
         proc = psutil.Process(control.pid)
         c0 = cpu_seconds(proc)
         t0 = time.monotonic()
         for _ in range(args.frames):
             pipe = r.pipeline(transaction=False)
             for n in names:
-                pipe.xadd(FRAMES_KEY.format(n), {"data": body})
+                pipe.xadd(frames_stream(n), {"data": body})
             pipe.execute()
         total = args.frames * len(names)
 
@@ -80,8 +77,8 @@ def main() -> int:
             lag = sum(
                 int(g.get("lag") or 0) + int(g.get("pending") or 0)
                 for n in names
-                for g in r.xinfo_groups(FRAMES_KEY.format(n))
-                if g["name"].decode() == GROUP
+                for g in r.xinfo_groups(frames_stream(n))
+                if g["name"].decode() == CONTROL_GROUP
             )
             return lag == 0
 
@@ -103,7 +100,7 @@ def main() -> int:
         seen = 0.0
         end = time.monotonic() + args.latency_seconds
         while time.monotonic() < end:
-            raw = r.hget(LATEST_KEY, "node1")
+            raw = r.hget(METRICS_LATEST_KEY, "node1")
             if raw:
                 f = json.loads(raw)
                 if f["time"] != seen:

@@ -232,7 +232,7 @@ def run_transfer(fleet: Fleet, chunk_id: str, node: str, tier: str) -> float:
     The poll (every 20 ms) reads the one row that GET reads: a full GET every 10 ms takes a good part of a
     core from the workers on a small machine. The GET then confirms it."""
     from gswarm_web.extensions import db
-    from gswarm_web.models import ChunkLocation, DataChunk
+    from gswarm_web.tables import ChunkLocation, DataChunk
 
     device = f"{node}:{tier}"
     t0 = time.perf_counter()
@@ -323,7 +323,7 @@ def small_bodies(count: int, tag: str) -> list[dict[str, Any]]:
 def wait_small(tag: str, count: int, timeout: float) -> None:
     """Until every chunk tagged `tag` is available (one cheap count per poll, so the workers keep the CPU)."""
     from gswarm_web.extensions import db
-    from gswarm_web.models import DataChunk
+    from gswarm_web.tables import DataChunk
 
     def done() -> bool:
         db.session.remove()

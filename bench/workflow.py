@@ -42,7 +42,7 @@ def run_workflow(fleet: Fleet, actions: list[dict[str, Any]], timeout: float = 6
     wf = body["id"]
 
     from gswarm_web.extensions import db
-    from gswarm_web.models import WorkflowRun
+    from gswarm_web.tables import WorkflowRun
 
     def done() -> bool:
         # A cheap poll (one column), so the benchmark itself does not eat the CPU the workers need.

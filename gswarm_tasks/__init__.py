@@ -1,11 +1,17 @@
-"""What runs on a GPU host: the Celery app, node tasks, storage and the NVML wrapper.
+"""What runs on a GPU host: the Celery app, node tasks, storage tiers, transfers and the NVML wrapper.
 
-`celery -A gswarm_tasks worker -Q node1 -n node1@%h` starts a node worker.
+`celery -A gswarm_tasks worker -Q node1 -n node1@%h` starts a node worker. Importing a module of this package
+(say `gswarm_tasks.devices`) loads nothing else: the app with its tasks and hooks is built when `app` is asked for.
 """
 
 from __future__ import annotations
 
-from . import data_tasks, model_tasks, tasks, worker, workflow_tasks  # noqa: F401  (registers node tasks and worker hooks)
-from .celery_app import app
+from typing import Any
 
-__all__ = ["app"]
+
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        from .node_worker import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

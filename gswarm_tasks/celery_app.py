@@ -1,4 +1,7 @@
-"""The Celery app of the fleet: Redis broker and results, JSON only, one queue per node plus `control`."""
+"""The Celery app of the fleet: Redis broker and results, JSON only, one queue per node plus `control`.
+
+Node tasks register on `app`; `gswarm_tasks.node_worker` imports every one of them with the worker's hooks.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from typing import Any
 
 from celery import Celery, Task
 
-from . import defaults
+from . import defaults, names
 from .devices import validate_node_name
 from .errors import InvalidRequest, RedeliveryLimitExceeded
 from .settings import Settings, load_settings
@@ -33,7 +36,7 @@ class GswarmTask(Task):
         client = getattr(self.app.backend, "client", None)
         if client is None or self.request.is_eager:
             return
-        key = f"gswarm:deliveries:{task_id}:{self.request.retries or 0}"
+        key = names.deliveries_key(task_id, self.request.retries or 0)
         pipe = client.pipeline()
         pipe.incr(key)
         pipe.expire(key, int(self.app.conf.broker_transport_options.get("visibility_timeout", 3600)) * 4)
@@ -60,13 +63,13 @@ class NodeTask(GswarmTask):
 def priority_value(name: str | int | None) -> int:
     """Broker priority for a name (`critical|high|normal|low`) or an int 0-9; Redis serves 0 first."""
     if name is None:
-        return defaults.PRIORITIES["normal"]
+        return names.PRIORITIES["normal"]
     if isinstance(name, int) and not isinstance(name, bool) and 0 <= name <= 9:
         return name
-    if isinstance(name, str) and name in defaults.PRIORITIES:
-        return defaults.PRIORITIES[name]
+    if isinstance(name, str) and name in names.PRIORITIES:
+        return names.PRIORITIES[name]
     raise InvalidRequest(
-        f"priority: {name!r} is not one of {', '.join(defaults.PRIORITIES)}", {"field": "priority", "value": name}
+        f"priority: {name!r} is not one of {', '.join(names.PRIORITIES)}", {"field": "priority", "value": name}
     )
 
 
@@ -83,10 +86,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_accept_content": ["json"],
         "timezone": "UTC",
         "enable_utc": True,
-        "task_default_queue": defaults.CONTROL_QUEUE,
+        "task_default_queue": names.CONTROL_QUEUE,
         "task_create_missing_queues": True,
-        "task_routes": {"gswarm.control.*": {"queue": defaults.CONTROL_QUEUE}},
-        "task_default_priority": defaults.PRIORITIES["normal"],
+        "task_routes": {names.CONTROL_TASKS: {"queue": names.CONTROL_QUEUE}},
+        "task_default_priority": names.PRIORITIES["normal"],
         "task_acks_late": True,
         "task_acks_on_failure_or_timeout": True,
         "task_reject_on_worker_lost": True,
@@ -102,7 +105,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {
             "visibility_timeout": settings.visibility_timeout_s,
-            "priority_steps": defaults.PRIORITY_STEPS,
+            "priority_steps": names.PRIORITY_STEPS,
             "sep": ":",
             "queue_order_strategy": "priority",
         },
@@ -112,19 +115,19 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "beat_scheduler": "celery.beat:Scheduler",
         "beat_schedule": {
             "gswarm-workflow-sweep": {
-                "task": "gswarm.control.workflow_sweep",
+                "task": names.SWEEP_OUTBOX,
                 "schedule": 10.0,
-                "options": {"queue": defaults.CONTROL_QUEUE, "expires": 10.0},
+                "options": {"queue": names.CONTROL_QUEUE, "expires": 10.0},
             },
             "gswarm-data-gc": {
-                "task": "gswarm.control.data_gc",
+                "task": names.DATA_GC,
                 "schedule": max(1.0, settings.data_gc_interval_s),
-                "options": {"queue": defaults.CONTROL_QUEUE, "expires": max(1.0, settings.data_gc_interval_s)},
+                "options": {"queue": names.CONTROL_QUEUE, "expires": max(1.0, settings.data_gc_interval_s)},
             },
             "gswarm-node-sweep": {
-                "task": "gswarm.control.sweep_nodes",
+                "task": names.SWEEP_NODES,
                 "schedule": max(1.0, settings.heartbeat_interval_s),
-                "options": {"queue": defaults.CONTROL_QUEUE, "expires": max(1.0, settings.heartbeat_interval_s)},
+                "options": {"queue": names.CONTROL_QUEUE, "expires": max(1.0, settings.heartbeat_interval_s)},
             },
         },
     }

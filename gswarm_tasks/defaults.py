@@ -13,13 +13,3 @@ VISIBILITY_TIMEOUT_S = 12 * 3600
 RETRY_COUNT = 3
 MAX_CONCURRENT_TASKS = 4
 PROFILING_FREQUENCY_MS = 1000
-CONTROL_QUEUE = "control"
-
-# Celery priority names mapped onto Redis priority steps; on Redis 0 is served first.
-PRIORITIES = {"critical": 0, "high": 3, "normal": 6, "low": 9}
-PRIORITY_STEPS = [0, 3, 6, 9]
-
-HEARTBEAT_STREAM = "gswarm:heartbeats"
-HEARTBEAT_GROUP = "control"
-HEARTBEAT_STREAM_MAXLEN = 100_000
-CONTROL_ALIVE_KEY = "gswarm:control-workers"

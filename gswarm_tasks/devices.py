@@ -13,6 +13,7 @@ TIER_RE = re.compile(r"^(disk|dram|cpu|gpu(0|[1-9][0-9]{0,2}))$")
 # Names that are queues of the system itself and so cannot be a node's queue.
 RESERVED_NODE_NAMES = frozenset({"control", "celery", "web", "default"})
 STORAGE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+=-]{0,199}$")
+FILE_TIERS = ("disk", "dram")
 
 
 def validate_node_name(name: str, field: str = "node") -> str:
@@ -71,6 +72,37 @@ class Device:
     @property
     def gpu_index(self) -> int | None:
         return int(self.tier[3:]) if self.is_gpu else None
+
+    @property
+    def is_file_tier(self) -> bool:
+        """A node's `disk` or `dram`: where files (model copies, chunks) live."""
+        return self.node is not None and self.tier in FILE_TIERS and self.index is None
+
+    @property
+    def is_compute(self) -> bool:
+        """A node's `gpuN` or `cpu`: where a model can be served."""
+        return self.node is not None and (self.is_gpu or self.tier == "cpu") and self.index is None
+
+    @property
+    def compute_device(self) -> str:
+        """The name torch gives it: `cuda:N` or `cpu`."""
+        return f"cuda:{self.gpu_index}" if self.is_gpu else "cpu"
+
+    def on(self, node: str) -> Device:
+        """The same tier on another node."""
+        return Device(node, self.tier, self.index)
+
+    def expect(self, field: str, *, files: bool = False, gpu: bool = False, cpu: bool = False) -> Device:
+        """This device if it is of an allowed kind (a file tier, a GPU, the CPU), else InvalidRequest naming `field`."""
+        if (files and self.is_file_tier) or (
+            self.node is not None and self.index is None and ((gpu and self.is_gpu) or (cpu and self.tier == "cpu"))
+        ):
+            return self
+        kinds = [k for k, on in (("disk", files), ("dram", files), ("gpuN", gpu), ("cpu", cpu)) if on]
+        raise InvalidRequest(
+            f"{field}: {self} is not a device of this kind (<node>:{'|'.join(kinds)})",
+            {"field": field, "value": str(self), "allowed": kinds},
+        )
 
     def __str__(self) -> str:
         if self.node is None:

@@ -1,7 +1,8 @@
-"""The exception hierarchy shared by node tasks, control tasks and the API."""
+"""Every exception class of gswarm, and the one error shape every HTTP answer and task report uses."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -82,6 +83,18 @@ class RedeliveryLimitExceeded(TaskFailed):
     """A task message came back more often than the redelivery cap allows."""
 
 
+class VerificationError(TaskFailed):
+    """A file's size or checksum does not match its manifest: the bytes are wrong, retrying will not help."""
+
+
+class Cancelled(Exception):
+    """A workflow step was cancelled while it waited or ran."""
+
+
+class LeaseBusy(Exception):
+    """Another step holds a device this one needs (only when not waiting for it)."""
+
+
 ERROR_CODES = (
     "INVALID_REQUEST",
     "MODEL_NOT_FOUND",
@@ -95,3 +108,23 @@ ERROR_CODES = (
     "FORBIDDEN",
     "INTERNAL",
 )
+
+
+def error_dict(exc: BaseException) -> dict[str, Any]:
+    """`{code, message, details}` of any exception, as a task reports it."""
+    if isinstance(exc, GswarmError):
+        return exc.to_dict()
+    return {"code": "TASK_FAILED", "message": f"{type(exc).__name__}: {exc}"[:1000], "details": {}}
+
+
+def error_body(code: str, message: str, details: dict[str, Any] | None, request_id: str) -> dict[str, Any]:
+    """The body of every error response: `{"error": {code, message, details, timestamp, request_id}}`."""
+    return {
+        "error": {
+            "code": code,
+            "message": message,
+            "details": details or {},
+            "timestamp": datetime.now(UTC).isoformat(),
+            "request_id": request_id,
+        }
+    }

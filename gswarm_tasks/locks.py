@@ -12,19 +12,13 @@ from contextlib import contextmanager
 
 import redis
 
-LOCK_KEY = "gswarm:lock:device:{}"
+from . import names
+from .errors import Cancelled, LeaseBusy
+
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 _RENEW = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
 )
-
-
-class Cancelled(Exception):
-    """The step was cancelled while it waited or ran."""
-
-
-class LeaseBusy(Exception):
-    """Another step holds a device this one needs (only with wait=False)."""
 
 
 @contextmanager
@@ -42,7 +36,7 @@ def device_leases(
     stop = threading.Event()
     try:
         for dev in sorted(set(devices)):
-            key = LOCK_KEY.format(dev)
+            key = names.device_lock_key(dev)
             while not client.set(key, owner, nx=True, px=int(lease_s * 1000)):
                 if client.get(key) == owner.encode():  # our own lease from an earlier delivery
                     break

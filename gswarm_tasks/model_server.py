@@ -19,7 +19,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from .errors import GswarmError, InvalidRequest, ModelNotFound, NotFound, ResourceUnavailable
+from .errors import GswarmError, InvalidRequest, ModelNotFound, NotFound, ResourceUnavailable, error_body
 
 log = logging.getLogger("gswarm.model_server")
 EMBED, COMPLETE = "embeddings", "completions"
@@ -159,114 +158,133 @@ def complete(backend: Backend, prompt: str, params: dict[str, Any]) -> tuple[str
     return text, finish, n_prompt, len(new)
 
 
-def create_app(backend: Backend, name: str, device: str, max_batch: int) -> Flask:
-    app = Flask("gswarm_model_server")
-    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
-    started = time.monotonic()
-    counter = {"requests_total": 0}
-    count_lock = threading.Lock()
+def _request_id() -> str:
+    if "request_id" not in g:
+        given = request.headers.get("X-Request-ID", "")
+        g.request_id = given if _REQUEST_ID_RE.match(given) else f"req-{uuid.uuid4().hex[:20]}"
+    return str(g.request_id)
 
-    def request_id() -> str:
-        if "request_id" not in g:
-            given = request.headers.get("X-Request-ID", "")
-            g.request_id = given if _REQUEST_ID_RE.match(given) else f"req-{uuid.uuid4().hex[:20]}"
-        return str(g.request_id)
 
-    def error(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> tuple[Response, int]:
-        stamp = datetime.now(UTC).isoformat()
-        body = {"code": code, "message": message, "details": details or {}, "timestamp": stamp}
-        return jsonify({"error": {**body, "request_id": request_id()}}), status
+def _error(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> tuple[Response, int]:
+    return jsonify(error_body(code, message, details, _request_id())), status
 
-    def json_body() -> dict[str, Any]:
+
+def _on_error(exc: Exception) -> tuple[Response, int]:
+    """Every error in the shape of the control plane's API."""
+    if isinstance(exc, GswarmError):
+        return _error(exc.status, exc.code, exc.message, exc.details)
+    if isinstance(exc, HTTPException) and (exc.code or 500) < 500:
+        code = "NOT_FOUND" if exc.code == 404 else "INVALID_REQUEST"
+        message, details = str(exc.description or exc.name), {}
+        if exc.code == 404:
+            message = f"no such resource: {request.path}"
+        elif exc.code == 405:
+            message = f"method {request.method} is not allowed on {request.path}"
+            details = {"allowed_methods": sorted(getattr(exc, "valid_methods", None) or [])}
+        return _error(exc.code or 400, code, message, details)
+    log.exception("unhandled error on %s %s [%s]", request.method, request.path, _request_id())
+    return _error(500, "INTERNAL", "internal error; see the model server log")
+
+
+class _Server:
+    """The model's endpoints: what a request may ask of the loaded backend."""
+
+    def __init__(self, backend: Backend, name: str, device: str, max_batch: int) -> None:
+        self.backend, self.name, self.device, self.max_batch = backend, name, device, max_batch
+        self.started = time.monotonic()
+        self.requests_total = 0
+        self.lock = threading.Lock()
+
+    def count(self) -> None:  # every request but the health probes
+        if request.path != "/health":
+            with self.lock:
+                self.requests_total += 1
+
+    def json_body(self) -> dict[str, Any]:
         body = request.get_json(force=True, silent=True)
         if not isinstance(body, dict):
             raise InvalidRequest("the request body must be a JSON object")
         model = body.get("model")
-        if model is not None and model != name:
-            raise ModelNotFound(f"model {model!r} is not served here; this server serves {name!r}", {"model": model})
+        if model is not None and model != self.name:
+            raise ModelNotFound(
+                f"model {model!r} is not served here; this server serves {self.name!r}", {"model": model}
+            )
         return body
 
-    def only(task: str) -> None:
-        if backend.task != task:
-            message = f"/v1/{task} is not served: model {name!r} is loaded for the {backend.task} task"
-            raise NotFound(message, {"task": backend.task, "endpoint": f"/v1/{task}"})
+    def only(self, task: str) -> None:
+        if self.backend.task != task:
+            message = f"/v1/{task} is not served: model {self.name!r} is loaded for the {self.backend.task} task"
+            raise NotFound(message, {"task": self.backend.task, "endpoint": f"/v1/{task}"})
 
-    @app.before_request
-    def _count() -> None:  # every request but the health probes
-        if request.path != "/health":
-            with count_lock:
-                counter["requests_total"] += 1
+    def health(self) -> Response:
+        uptime = round(time.monotonic() - self.started, 3)
+        return jsonify(
+            status="ok", model=self.name, task=self.backend.task, device=self.device, uptime_s=uptime,
+            requests_total=self.requests_total,
+        )  # fmt: skip
 
-    @app.after_request
-    def _tag(resp: Response) -> Response:
-        resp.headers["X-Request-ID"] = request_id()
-        return resp
+    def models(self) -> Response:
+        return jsonify(object="list", data=[{"id": self.name, "object": "model", "owned_by": "gswarm"}])
 
-    @app.errorhandler(Exception)
-    def _on_error(exc: Exception) -> tuple[Response, int]:
-        if isinstance(exc, GswarmError):
-            return error(exc.status, exc.code, exc.message, exc.details)
-        if isinstance(exc, HTTPException) and (exc.code or 500) < 500:
-            code = "NOT_FOUND" if exc.code == 404 else "INVALID_REQUEST"
-            message, details = str(exc.description or exc.name), {}
-            if exc.code == 404:
-                message = f"no such resource: {request.path}"
-            elif exc.code == 405:
-                message = f"method {request.method} is not allowed on {request.path}"
-                details = {"allowed_methods": sorted(getattr(exc, "valid_methods", None) or [])}
-            return error(exc.code or 400, code, message, details)
-        log.exception("unhandled error on %s %s [%s]", request.method, request.path, request_id())
-        return error(500, "INTERNAL", "internal error; see the model server log")
-
-    @app.get("/health")
-    def health() -> Response:
-        uptime = round(time.monotonic() - started, 3)
-        return jsonify(status="ok", model=name, task=backend.task, device=device, uptime_s=uptime, **counter)
-
-    @app.get("/v1/models")
-    def models() -> Response:
-        return jsonify(object="list", data=[{"id": name, "object": "model", "owned_by": "gswarm"}])
-
-    @app.post("/v1/embeddings")
-    def embeddings() -> Response:
-        only(EMBED)
-        body = json_body()
-        texts = _strings(body, "input", max_batch)
+    def embeddings(self) -> Response:
+        self.only(EMBED)
+        body = self.json_body()
+        texts = _strings(body, "input", self.max_batch)
         fmt = body.get("encoding_format") or "float"
         if fmt not in ("float", "base64"):
             raise InvalidRequest("'encoding_format' must be 'float' or 'base64'", {"field": "encoding_format"})
-        vectors, tokens = embed(backend, texts, fmt, max_batch)
+        vectors, tokens = embed(self.backend, texts, fmt, self.max_batch)
         data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        return jsonify(object="list", data=data, model=name, usage=usage)
+        return jsonify(object="list", data=data, model=self.name, usage=usage)
 
-    @app.post("/v1/completions")
-    def completions() -> Response:
-        only(COMPLETE)
-        body = json_body()
-        prompts = _strings(body, "prompt", max_batch)
-        if body.get("stream"):
-            raise InvalidRequest("'stream' is not supported", {"field": "stream"})
-        if body.get("n", 1) != 1:
-            raise InvalidRequest("only 'n': 1 is supported", {"field": "n"})
-        stop = _as_list(body.get("stop") or [])
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
-            raise InvalidRequest("'stop' must be a string or a list of at most 4 non-empty strings", {"field": "stop"})
-        params = {
-            "max_tokens": _number(body, "max_tokens", 16, 1, MAX_TOKENS_LIMIT, integer=True),
-            "temperature": float(_number(body, "temperature", 1.0, 0.0, 2.0)),
-            "top_p": float(_number(body, "top_p", 1.0, 1e-6, 1.0)),
-            "stop": stop,
-        }
+    def completions(self) -> Response:
+        self.only(COMPLETE)
+        body = self.json_body()
+        prompts = _strings(body, "prompt", self.max_batch)
+        params = _completion_params(body)
         choices, n_prompt, n_done = [], 0, 0
         for i, prompt in enumerate(prompts):
-            text, finish, p, c = complete(backend, prompt, params)
+            text, finish, p, c = complete(self.backend, prompt, params)
             choices.append({"index": i, "text": text, "finish_reason": finish, "logprobs": None})
             n_prompt, n_done = n_prompt + p, n_done + c
         usage = {"prompt_tokens": n_prompt, "completion_tokens": n_done, "total_tokens": n_prompt + n_done}
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time())}
-        return jsonify({**head, "model": name, "choices": choices, "usage": usage})
+        return jsonify({**head, "model": self.name, "choices": choices, "usage": usage})
 
+
+def _completion_params(body: dict[str, Any]) -> dict[str, Any]:
+    if body.get("stream"):
+        raise InvalidRequest("'stream' is not supported", {"field": "stream"})
+    if body.get("n", 1) != 1:
+        raise InvalidRequest("only 'n': 1 is supported", {"field": "n"})
+    stop = _as_list(body.get("stop") or [])
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
+        raise InvalidRequest("'stop' must be a string or a list of at most 4 non-empty strings", {"field": "stop"})
+    return {
+        "max_tokens": _number(body, "max_tokens", 16, 1, MAX_TOKENS_LIMIT, integer=True),
+        "temperature": float(_number(body, "temperature", 1.0, 0.0, 2.0)),
+        "top_p": float(_number(body, "top_p", 1.0, 1e-6, 1.0)),
+        "stop": stop,
+    }
+
+
+def create_app(backend: Backend, name: str, device: str, max_batch: int) -> Flask:
+    app = Flask("gswarm_model_server")
+    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
+    server = _Server(backend, name, device, max_batch)
+    app.before_request(server.count)
+
+    @app.after_request
+    def _tag(resp: Response) -> Response:
+        resp.headers["X-Request-ID"] = _request_id()
+        return resp
+
+    app.register_error_handler(Exception, _on_error)
+    app.add_url_rule("/health", "health", server.health, methods=["GET"])
+    app.add_url_rule("/v1/models", "models", server.models, methods=["GET"])
+    app.add_url_rule("/v1/embeddings", "embeddings", server.embeddings, methods=["POST"])
+    app.add_url_rule("/v1/completions", "completions", server.completions, methods=["POST"])
     return app
 
 

@@ -15,11 +15,13 @@ from typing import Any
 
 from celery import Task
 
+from . import names
 from .celery_app import NodeTask, app, settings_of
+from .context import NodeContext, require_node
 from .devices import Device
 from .errors import InvalidRequest, NotFound, ResourceUnavailable, TaskFailed
 from .nvml import list_gpus
-from .ops import Reporter, run_op
+from .reporting import Reporter, run_op
 from .serving import pick_port, port_free, server_argv
 from .settings import Settings
 from .sources import copy_local, download_hf, parse_source, verify_against_hub
@@ -32,8 +34,7 @@ from .storage import (
     remove_tree,
     write_manifest,
 )
-from .transfer import fetch_manifest, pull_files
-from .worker import NodeContext, require_node
+from .transfer.client import fetch_manifest, pull_files
 
 log = logging.getLogger(__name__)
 OPTS: dict[str, Any] = {"base": NodeTask, "bind": True}
@@ -42,7 +43,7 @@ Op = tuple[Callable[[Reporter], dict[str, Any]], Callable[[], None] | None]
 
 def _location(node: NodeContext, tier: str, model: str, manifest: dict[str, Any]) -> dict[str, Any]:
     return {
-        "device": f"{node.name}:{tier}",
+        "device": str(node.tiers.device(tier)),
         "path": str(node.tiers.model_dir(tier, model)),
         "size_bytes": manifest["total_bytes"],
         "manifest": manifest,
@@ -98,7 +99,7 @@ def op_copy(
                 else fetch_manifest(source["address"], int(source["port"]), source["token"], source["prefix"])
             )
             if man is None:
-                raise NotFound(f"{model} is not on {source['node']}:{source['tier']}", {"model": model})
+                raise NotFound(f"{model} is not on {Device(source['node'], source['tier'])}", {"model": model})
         final = node.tiers.model_dir(target_tier, model)
         existing = read_manifest(final)
         if existing is not None and manifest_digest(existing) == manifest_digest(man):
@@ -155,7 +156,7 @@ def op_move(
     def manifest_now() -> dict[str, Any]:
         man = manifest or read_manifest(src_dir)
         if man is None:
-            raise NotFound(f"{model} is not on {node.name}:{source_tier}", {"model": model})
+            raise NotFound(f"{model} is not on {node.tiers.device(source_tier)}", {"model": model})
         return man
 
     if target.is_gpu:
@@ -172,7 +173,7 @@ def op_move(
                 "--model-path",
                 str(src_dir),
                 "--device",
-                f"cuda:{target.gpu_index}",
+                target.compute_device,
                 "--host",
                 node.address,
                 "--port",
@@ -215,7 +216,7 @@ def op_delete(node: NodeContext, model: str, tier: str) -> Op:
             removed = node.services.stop(f"gpu-{model}-{tier}")
         else:
             removed = remove_tree(node.tiers.model_dir(tier, model))
-        return {"device": f"{node.name}:{tier}", "removed": removed}
+        return {"device": str(node.tiers.device(tier)), "removed": removed}
 
     return body, None
 
@@ -256,7 +257,7 @@ def op_serve(
                 model,
                 node.address,
                 chosen,
-                f"cuda:{dev.gpu_index}" if dev.is_gpu else "cpu",
+                dev.compute_device,
                 config,
                 settings.serve_command,
                 trust_remote_code,
@@ -321,13 +322,13 @@ def _run(task: Task, op_id: str, op: Op) -> dict[str, Any]:
     return run_op(task, op_id, body, cleanup=cleanup)
 
 
-@app.task(name="gswarm.node.model.download", **OPTS)
+@app.task(name=names.MODEL_DOWNLOAD, **OPTS)
 def download(self: Task, op_id: str, model: str, source_url: str, tier: str = "disk") -> dict[str, Any]:
     """Download a model from its source into a file tier of this node, verify it, install it atomically."""
     return _run(self, op_id, op_download(require_node(), settings_of(self.app), op_id, model, source_url, tier))
 
 
-@app.task(name="gswarm.node.model.copy", **OPTS)
+@app.task(name=names.MODEL_COPY, **OPTS)
 def copy(
     self: Task,
     op_id: str,
@@ -342,7 +343,7 @@ def copy(
     return _run(self, op_id, op)
 
 
-@app.task(name="gswarm.node.model.move", **OPTS)
+@app.task(name=names.MODEL_MOVE, **OPTS)
 def move(
     self: Task,
     op_id: str,
@@ -357,13 +358,13 @@ def move(
     return _run(self, op_id, op)
 
 
-@app.task(name="gswarm.node.model.delete", **OPTS)
+@app.task(name=names.MODEL_DELETE, **OPTS)
 def delete(self: Task, op_id: str, model: str, tier: str) -> dict[str, Any]:
     """Remove a model from one tier of this node (for gpuN: stop the process holding it)."""
     return _run(self, op_id, op_delete(require_node(), model, tier))
 
 
-@app.task(name="gswarm.node.service.start", **OPTS)
+@app.task(name=names.SERVICE_START, **OPTS)
 def serve(
     self: Task,
     op_id: str,
@@ -383,7 +384,7 @@ def serve(
     return _run(self, op_id, op)
 
 
-@app.task(name="gswarm.node.service.stop", **OPTS)
+@app.task(name=names.SERVICE_STOP, **OPTS)
 def stop_service(self: Task, op_id: str, service_id: str) -> dict[str, Any]:
     """Stop a model server (its whole process group) and free its port."""
     return _run(self, op_id, op_stop(require_node(), service_id))

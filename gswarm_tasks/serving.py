@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,14 +61,11 @@ def pid_alive(pid: int | None) -> bool:
 
 
 class ServiceRegistry:
-    """The services this node started, as JSON files, plus their latest health."""
+    """The services this node started, as JSON files, and their health checks."""
 
     def __init__(self, root: Path) -> None:
         self.root = root / "services"
         self.root.mkdir(parents=True, exist_ok=True)
-        self.health: dict[str, dict[str, Any]] = {}
-        self.checked = False
-        self.lock = threading.Lock()
 
     def path(self, service_id: str) -> Path:
         return self.root / f"{safe_name(service_id, 'service_id')}.json"
@@ -94,8 +92,6 @@ class ServiceRegistry:
 
     def remove(self, service_id: str) -> None:
         self.path(service_id).unlink(missing_ok=True)
-        with self.lock:
-            self.health.pop(service_id, None)
 
     def start(
         self,
@@ -201,15 +197,7 @@ class ServiceRegistry:
                 "checked_at": time.time(),
             }
             results.append(item)
-        with self.lock:
-            self.health = {r["service_id"]: r for r in results}
-            self.checked = True
         return results
-
-    def snapshot(self) -> list[dict[str, Any]] | None:
-        """The latest check of every service; None until a first check has run (nothing is known yet)."""
-        with self.lock:
-            return list(self.health.values()) if self.checked else None
 
 
 def check_health(url: str, timeout: float) -> tuple[bool, str]:
@@ -282,19 +270,22 @@ def server_argv(
 
 
 class ServiceMonitor:
-    """Checks the node's services every `interval_s` on its own thread; heartbeats carry the results."""
+    """Checks the node's services every `interval_s` on its own thread and hands each round's results on."""
 
-    def __init__(self, registry: ServiceRegistry, interval_s: float) -> None:
+    def __init__(
+        self, registry: ServiceRegistry, interval_s: float, on_checked: Callable[[list[dict[str, Any]]], None]
+    ) -> None:
         self.registry = registry
         self.interval_s = interval_s
+        self.on_checked = on_checked
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gswarm-service-monitor", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.registry.check_all()
-            except Exception as exc:  # a broken entry must not stop the checks of the others
+                self.on_checked(self.registry.check_all())
+            except Exception as exc:  # a broken entry or a lost report must not stop the next round
                 log.warning("service check failed: %s", exc)
             self._stop.wait(self.interval_s)
 

@@ -17,18 +17,23 @@ from typing import Any
 
 import blake3
 
-from .devices import Device, file_path, safe_name
-from .errors import InvalidRequest, ResourceUnavailable, TaskFailed
+from .devices import FILE_TIERS, Device, file_path, safe_name
+from .errors import InvalidRequest, ResourceUnavailable, VerificationError
 
 MANIFEST_FILE = ".gswarm-manifest.json"
 STAGING = ".staging"
 CHUNK = 8 * 1024 * 1024
 HASH_BLOCK = 16 * 1024 * 1024  # the unit of transfer ranges and of per-block hashes
+KINDS = {"models": "model_name", "data": "chunk_id"}  # what lives under a tier root, and the name's field
 Progress = Callable[[int], None]
 
 
-class VerificationError(TaskFailed):
-    """A file's size or checksum does not match its manifest: the bytes are wrong, retrying will not help."""
+def prefix(tier: str, kind: str, name: str) -> str:
+    """Where a model or a chunk lives relative to a node's tier roots (`disk/models/NAME`, `dram/data/ID`): the
+    path the file server serves it under, and the scope of a transfer token."""
+    if tier not in FILE_TIERS or kind not in KINDS:
+        raise InvalidRequest(f"no storage prefix for {tier}/{kind}", {"tier": tier, "kind": kind})
+    return f"{tier}/{kind}/{safe_name(name, KINDS[kind])}"
 
 
 @dataclass(frozen=True)
@@ -51,11 +56,14 @@ class Tiers:
             return self.dram
         raise InvalidRequest(f"{self.node}:{tier} is not a file tier (disk or dram)", {"device": f"{self.node}:{tier}"})
 
+    def path(self, tier: str, kind: str, name: str) -> Path:
+        return self.root(tier).joinpath(*prefix(tier, kind, name).split("/")[1:])
+
     def model_dir(self, tier: str, model: str) -> Path:
-        return self.root(tier) / "models" / safe_name(model, "model_name")
+        return self.path(tier, "models", model)
 
     def chunk_path(self, tier: str, chunk_id: str) -> Path:
-        return self.root(tier) / "data" / safe_name(chunk_id, "chunk_id")
+        return self.path(tier, "data", chunk_id)
 
     def staging_dir(self, tier: str, key: str) -> Path:
         return self.root(tier) / STAGING / safe_name(key, "staging key")

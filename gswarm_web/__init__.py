@@ -1,4 +1,5 @@
-"""The control plane: Flask app factory, API blueprints, models, control tasks and the CLI."""
+"""The control plane: the Flask app factory (`create_app`); the API (`api`), its bookkeeping (`control`), workflows,
+scheduling, the control worker (`celery_app`) and the CLI (`cli`)."""
 
 from __future__ import annotations
 
@@ -48,11 +49,10 @@ def flask_config(settings: Settings) -> dict[str, Any]:
 
 def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     """Build the control-plane app from settings (default: loaded from config file and environment)."""
-    from . import data_api, health, models_api, nodes, profiler_api, queue_api, services_api, tokens
-    from .auth import init_auth
+    from .api import BLUEPRINTS
+    from .api.auth import init_auth
     from .errors import register_error_handlers
     from .extensions import api, db
-    from .workflows import api as workflows_api
 
     settings = config if isinstance(config, Settings) else load_settings()
     app = Flask(__name__)
@@ -70,18 +70,7 @@ def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     app.extensions["gswarm_api"] = api
     register_error_handlers(app)
     init_auth(app)
-    blueprints = (
-        health.blp,
-        nodes.blp,
-        models_api.blp,
-        services_api.blp,
-        workflows_api.blp,
-        queue_api.blp,
-        profiler_api.blp,
-        data_api.blp,
-        tokens.blp,
-    )
-    for blp in blueprints:
+    for blp in BLUEPRINTS:
         api.register_blueprint(blp)
     return app
 

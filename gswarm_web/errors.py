@@ -1,11 +1,11 @@
-"""The one error shape of the API, request ids, and the handlers that produce both."""
+"""The API's error handlers and request ids: every error answers in the shape of `gswarm_tasks.errors.error_body`,
+and nothing a request sent is ever echoed into a response header."""
 
 from __future__ import annotations
 
 import logging
 import re
 import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 import marshmallow as ma
@@ -13,7 +13,7 @@ from flask import Flask, Response, g, jsonify, request
 from flask_smorest import Api
 from werkzeug.exceptions import HTTPException
 
-from gswarm_tasks.errors import ERROR_CODES, GswarmError
+from gswarm_tasks.errors import ERROR_CODES, GswarmError, error_body
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +55,7 @@ def request_id() -> str:
 
 
 def error_response(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> Response:
-    body = {
-        "error": {
-            "code": code,
-            "message": message,
-            "details": details or {},
-            "timestamp": datetime.now(UTC).isoformat(),
-            "request_id": request_id(),
-        }
-    }
-    resp = jsonify(body)
+    resp = jsonify(error_body(code, message, details, request_id()))
     resp.status_code = status
     return resp
 
@@ -99,12 +90,10 @@ class GswarmApi(Api):
         data = getattr(error, "data", None) or {}
         if status == 422 and "messages" in data:
             pairs = _flatten(data["messages"])
-            fields = sorted({f for f, _ in pairs})
             text = "; ".join(f"{f}: {m}" for f, m in pairs)
-            resp = error_response(422, "INVALID_REQUEST", f"invalid request: {text}", {"fields": dict(_group(pairs))})
-            if fields:
-                resp.headers["X-Invalid-Fields"] = ",".join(fields)[:512]
-            return resp
+            # The fields are named in the body only: a header would carry what the request sent (newlines, any
+            # character), which is how a bad field name once turned a 422 into a 500.
+            return error_response(422, "INVALID_REQUEST", f"invalid request: {text}", {"fields": dict(_group(pairs))})
         if status >= 500:
             return error_response(status, "INTERNAL", "internal error; see the server log", {})
         message = data.get("message") or error.description or error.name

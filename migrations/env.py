@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from gswarm_web import models  # noqa: F401  (registers the tables)
+from gswarm_web import tables  # noqa: F401  (registers the tables)
 from gswarm_web.extensions import db
 
 config = context.config

@@ -56,14 +56,14 @@ def client(app: Flask) -> FlaskClient:
 
 @pytest.fixture
 def admin_token(app: Flask) -> str:
-    from gswarm_web.auth import create_token
+    from gswarm_web.api.auth import create_token
 
     return create_token("test-admin", "admin")
 
 
 @pytest.fixture
 def read_token(app: Flask) -> str:
-    from gswarm_web.auth import create_token
+    from gswarm_web.api.auth import create_token
 
     return create_token("test-reader", "read-only")
 

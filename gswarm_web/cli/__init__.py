@@ -144,7 +144,7 @@ def token() -> None:
 def token_create(name: str, read_only: bool) -> None:
     """Create a token in the database of this host's settings and print it (shown once)."""
     from gswarm_web import create_app
-    from gswarm_web.auth import create_token
+    from gswarm_web.api.auth import create_token
 
     with create_app(load_settings()).app_context():
         click.echo(create_token(name, "read-only" if read_only else "admin"))

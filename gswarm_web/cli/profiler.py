@@ -44,7 +44,7 @@ def start(name: str, freq_ms: int | None, nodes: tuple[str, ...], enable_bandwid
 def stop(name: str | None) -> None:
     """Stop a session (or all) and print its summary."""
     c = api()
-    names = [name] if name else [s["name"] for s in c.get("profiler/sessions") if s["state"] == "active"]
+    names = [name] if name else [s["name"] for s in c.get("profiler/sessions") if s["status"] == "active"]
     for n in names:
         s = c.post(f"profiler/sessions/{n}/stop", {})
         console.print(f"session {n} stopped: {s['frame_count']} frames")
@@ -59,7 +59,7 @@ def stop(name: str | None) -> None:
 def status() -> None:
     """Active sessions and the newest frame of each node."""
     c = api()
-    active = [s for s in c.get("profiler/sessions") if s["state"] == "active"]
+    active = [s for s in c.get("profiler/sessions") if s["status"] == "active"]
     console.print(f"{len(active)} active session(s): {', '.join(s['name'] for s in active) or '-'}")
     table = Table("node", "age", "GPUs", "mean util %", "CPU %")
     for node, f in c.get("metrics/latest")["nodes"].items():
@@ -78,11 +78,11 @@ def status() -> None:
 @profiler.command("sessions")
 def sessions() -> None:
     """Every session."""
-    table = Table("name", "state", "freq ms", "nodes", "start", "end", "frames")
+    table = Table("name", "status", "freq ms", "nodes", "start", "end", "frames")
     for s in api().get("profiler/sessions"):
         table.add_row(
             s["name"],
-            s["state"],
+            s["status"],
             str(s["freq_ms"]),
             ",".join(s["nodes"]) or "all",
             s["start_time"][:19],

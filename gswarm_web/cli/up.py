@@ -39,7 +39,7 @@ def free_port(host: str = "127.0.0.1", preferred: int | None = None) -> int:
 def ensure_admin_token(settings: Settings) -> str:
     """The admin token in $GSWARM_HOME/token (made once, mode 0600), recorded in the database."""
     from gswarm_web import create_app
-    from gswarm_web.auth import ensure_token
+    from gswarm_web.api.auth import ensure_token
 
     path = settings.token_file
     if path.is_file() and path.read_text().strip():

@@ -19,7 +19,7 @@ from gswarm_tasks.settings import load_settings
 from .client import ApiClient
 
 console = Console(soft_wrap=True)
-STATE_STYLE = {
+STATUS_STYLE = {
     "succeeded": "green",
     "failed": "red",
     "running": "cyan",
@@ -36,7 +36,7 @@ def api() -> ApiClient:
 
 def steps_table(wf: dict[str, Any]) -> Table:
     table = Table(title=f"{wf['name']} [{wf['status']}]  {wf['id']}")
-    for col in ("step", "type", "state", "node", "device", "tries", "time", "detail"):
+    for col in ("step", "type", "status", "node", "device", "tries", "time", "detail"):
         table.add_column(col)
     for s in wf.get("steps", []):
         took = "-"
@@ -46,11 +46,11 @@ def steps_table(wf: dict[str, Any]) -> Table:
         detail = (s.get("error") or {}).get("message") or ", ".join(
             f"{k}={v}" for k, v in (s.get("outputs") or {}).items() if k != "output"
         )[:60]
-        style = STATE_STYLE.get(s["state"], "")
+        style = STATUS_STYLE.get(s["status"], "")
         table.add_row(
             s["action_id"],
             s["action_type"],
-            f"[{style}]{s['state']}[/]",
+            f"[{style}]{s['status']}[/]",
             s.get("node") or "-",
             s.get("device") or "-",
             str(s.get("attempts") or 0),
@@ -82,7 +82,7 @@ def run(file: str, wait: bool) -> None:
             if wf["status"] != "running":
                 break
             time.sleep(0.5)
-    style = STATE_STYLE.get(wf["status"], "")
+    style = STATUS_STYLE.get(wf["status"], "")
     console.print(f"[{style}]workflow {wf['status']}[/]")
     sys.exit(0 if wf["status"] == "succeeded" else 1)
 

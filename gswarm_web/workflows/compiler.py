@@ -4,9 +4,11 @@ parent is its one dependency, so no chain ever waits for something the YAML did 
 
 from __future__ import annotations
 
-from gswarm_tasks import defaults
+from gswarm_tasks import names
+from gswarm_tasks.devices import Device
 
-from .spec import Action, Workflow
+from .actions import Action
+from .spec import Workflow
 
 
 def segments(wf: Workflow) -> list[list[Action]]:
@@ -47,6 +49,8 @@ def step_device(a: Action) -> str | None:
 def step_queue(a: Action) -> str:
     """The queue a step runs on: its device's node, the action's `node`, else the control queue."""
     dev = step_device(a)
-    if dev and ":" in dev and "${" not in dev:
-        return dev.split(":", 1)[0]
-    return a.node or defaults.CONTROL_QUEUE
+    if dev and "${" not in dev:
+        node = Device.parse(dev).node
+        if node is not None:
+            return node
+    return a.node or names.CONTROL_QUEUE

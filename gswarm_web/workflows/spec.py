@@ -1,104 +1,20 @@
-"""The workflow document: parse YAML or JSON, validate every action before anything runs, normalize it.
-
-Errors name the action and the field: `actions[load_gpu].target_device: 'node1:gpuX' has unknown tier`.
-"""
+"""The workflow document: parse YAML or JSON, validate every action and the graph before anything runs, and
+normalize it. One InvalidRequest lists every problem, each naming its action and field."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from gswarm_tasks.devices import Device, safe_name, validate_node_name
-from gswarm_tasks.errors import GswarmError, InvalidRequest
+from gswarm_tasks.errors import InvalidRequest
+
+from .actions import OUTPUTS, Action, Errors, check_int, parse_action
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-ACTION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-REF_RE = re.compile(r"\$\{([^}]*)\}")
-PRIORITIES = ("critical", "high", "normal", "low")
-MODEL_ACTIONS = ("download", "move", "copy", "delete", "serve", "stop_serve")
-DATA_ACTIONS = ("data_create", "data_move", "data_transfer", "inference", "data_merge")
-AVAILABLE = frozenset({*MODEL_ACTIONS, *DATA_ACTIONS, "health_check", "noop"})
-CHUNK_FIELDS = ("data_id", "input_data", "input_data_id", "input")  # fields that name one chunk
-
-COMMON = {
-    "action_id",
-    "action_type",
-    "dependencies",
-    "devices",
-    "priority",
-    "retries",
-    "retry_backoff",
-    "timeout_s",
-    "node",
-    "description",
-    "exclusive",
-}
-# Fields of each action type, and the outputs later actions may reference as ${action.field}.
-FIELDS: dict[str, set[str]] = {
-    "download": {"model_name", "source_url", "target_device", "model_type", "verify_checksum"},
-    "move": {"model_name", "source_device", "target_device", "keep_source", "verify_checksum"},
-    "copy": {"model_name", "source_device", "target_device", "bandwidth_limit"},
-    "delete": {"model_name", "device", "target_device"},
-    "serve": {"model_name", "device", "port", "config"},
-    "stop_serve": {"model_name", "device", "service_id"},
-    "health_check": {"target_url", "expected_status", "timeout"},
-    "noop": {"duration_s", "fail_times", "outputs"},
-    "data_create": {"source", "data", "data_type", "format", "target_device", "metadata"},
-    "data_move": {"data_id", "target_device"},
-    "data_transfer": {"data_id", "target_node", "target_device", "delete_source"},
-    "inference": {
-        "model_name",
-        "service_url",
-        "service",
-        "endpoint",
-        "input_data",
-        "input_data_id",
-        "input",
-        "output_device",
-        "data_type",
-        "metadata",
-    },
-    "data_merge": {"inputs", "output_device", "format", "data_type", "metadata"},
-}
-DATA_OUTPUTS = {"chunk_id", "device", "size", "checksum", "path"}
-OUTPUTS: dict[str, set[str]] = {
-    "download": {"device", "path", "size_bytes"},
-    "move": {"device", "path", "size_bytes"},
-    "copy": {"device", "path", "size_bytes"},
-    "delete": {"device"},
-    "serve": {"service_url", "service_id", "port", "device"},
-    "stop_serve": {"service_id"},
-    "health_check": {"status_code", "url"},
-    "noop": set(),
-    "data_create": DATA_OUTPUTS,
-    "data_move": DATA_OUTPUTS,
-    "data_transfer": DATA_OUTPUTS,
-    "inference": DATA_OUTPUTS,
-    "data_merge": DATA_OUTPUTS,
-}
 TOP = {"name", "description", "queue_config", "actions", "fail_fast", "version"}
 QUEUE_CONFIG = {"max_concurrent_tasks", "enable_resource_tracking", "resource_tracking", "priority_levels"}
-
-
-@dataclass
-class Action:
-    """One normalized action: where it runs, what it needs exclusively, what it references."""
-
-    id: str
-    type: str
-    deps: list[str]
-    params: dict[str, Any]
-    priority: str = "normal"
-    retries: int = 0
-    retry_backoff: float = 1.0
-    timeout_s: float | None = None
-    node: str | None = None
-    exclusive: list[str] = field(default_factory=list)
-    refs: list[tuple[str, str, str]] = field(default_factory=list)  # (field, step, output field)
 
 
 @dataclass
@@ -124,254 +40,7 @@ def load_document(text: str | bytes) -> dict[str, Any]:
     return doc
 
 
-class _Errors:
-    def __init__(self) -> None:
-        self.items: list[dict[str, str]] = []
-
-    def add(self, where: str, message: str) -> None:
-        self.items.append({"field": where, "message": message})
-
-    def check(self, where: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except GswarmError as exc:
-            self.add(
-                where, exc.message.split(": ", 1)[-1] if exc.message.startswith(where.split(".")[-1]) else exc.message
-            )
-            return None
-
-    def raise_if_any(self) -> None:
-        if self.items:
-            first = self.items[0]
-            more = f" (and {len(self.items) - 1} more)" if len(self.items) > 1 else ""
-            raise InvalidRequest(f"{first['field']}: {first['message']}{more}", {"errors": self.items})
-
-
-def _device(errors: _Errors, where: str, value: Any, default_node: str | None = None) -> str | None:
-    if not isinstance(value, str):
-        errors.add(where, "a device name is required (<node>:<tier>)")
-        return None
-    dev = errors.check(where, lambda: Device.parse(value, field=where, default_node=default_node))
-    if dev is not None and dev.node is None:
-        errors.add(where, "`web` is not a device an action can use")
-        return None
-    return str(dev) if dev is not None else None
-
-
-def _normalize_devices(errors: _Errors, where: str, atype: str, raw: dict[str, Any], node: str | None) -> None:
-    """The original `devices: [from, to]` form and the `source_device` / `target_device` form become one."""
-    devices = raw.pop("devices", None)
-    if devices is None:
-        devices = []
-    if not isinstance(devices, list):
-        errors.add(f"{where}.devices", "must be a list of device names")
-        return
-    if atype in ("download",):
-        if devices and "target_device" not in raw:
-            raw["target_device"] = devices[0]
-    elif atype in ("move", "copy"):
-        if len(devices) == 2:
-            raw.setdefault("source_device", devices[0])
-            raw.setdefault("target_device", devices[1])
-        elif devices:
-            errors.add(f"{where}.devices", "a move or copy takes [from, to]")
-    elif atype in ("serve", "stop_serve", "delete"):
-        if devices and "device" not in raw and "target_device" not in raw:
-            raw["device"] = devices[0]
-        if atype == "delete" and "target_device" in raw and "device" not in raw:
-            raw["device"] = raw.pop("target_device")
-    elif devices and atype not in ("health_check",) and len(devices) > 1:
-        errors.add(f"{where}.devices", "takes at most one device")
-    for key in ("source_device", "target_device", "device", "output_device"):
-        if key in raw and not REF_RE.search(str(raw[key])):
-            tier_only = isinstance(raw[key], str) and ":" not in raw[key]
-            raw[key] = _device(errors, f"{where}.{key}", raw[key], node if tier_only else None)
-
-
-def _int(errors: _Errors, where: str, value: Any, lo: int, hi: int) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        errors.add(where, f"must be an integer from {lo} to {hi}")
-        return None
-    return value
-
-
-def _num(errors: _Errors, where: str, value: Any, lo: float, hi: float) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
-        errors.add(where, f"must be a number from {lo} to {hi}")
-        return None
-    return float(value)
-
-
-def _refs(value: Any, path: str) -> list[tuple[str, str]]:
-    """Every `${...}` in a value (strings, lists, mappings) with the field path it sits in."""
-    out: list[tuple[str, str]] = []
-    if isinstance(value, str):
-        out.extend((path, m.group(1)) for m in REF_RE.finditer(value))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            out.extend(_refs(v, f"{path}[{i}]"))
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            out.extend(_refs(v, f"{path}.{k}"))
-    return out
-
-
-def parse_ref(expr: str) -> tuple[str, str] | None:
-    """`step.field`, `step.output.field` or `step.output` -> (step, field); `output` means the main output."""
-    parts = expr.strip().split(".")
-    if len(parts) == 2:
-        return parts[0], parts[1]
-    if len(parts) == 3 and parts[1] == "output":
-        return parts[0], parts[2]
-    return None
-
-
-def _action(errors: _Errors, i: int, raw: Any, default_task_timeout: float) -> Action | None:
-    if not isinstance(raw, dict):
-        errors.add(f"actions[{i}]", "must be a mapping")
-        return None
-    aid = raw.get("action_id")
-    if not isinstance(aid, str) or not ACTION_ID_RE.match(aid):
-        errors.add(f"actions[{i}].action_id", "required: letters, digits, _ . - (up to 64)")
-        return None
-    where = f"actions[{aid}]"
-    atype = raw.get("action_type")
-    if atype not in FIELDS:
-        errors.add(f"{where}.action_type", f"unknown action type {atype!r} (one of: {', '.join(sorted(FIELDS))})")
-        return None
-    raw = dict(raw)
-    unknown = sorted(set(raw) - COMMON - FIELDS[atype])
-    for key in unknown:
-        errors.add(f"{where}.{key}", f"unknown field for a {atype} action")
-    node = raw.get("node")
-    if node is not None:
-        node = errors.check(f"{where}.node", lambda: validate_node_name(node, f"{where}.node"))
-    if atype == "data_transfer" and isinstance(raw.get("target_node"), str) and "${" not in raw["target_node"]:
-        tn = raw["target_node"]
-        td = raw.get("target_device") or "dram"
-        if isinstance(td, str) and ":" not in td:
-            raw["target_device"] = f"{tn}:{td}"  # `target_node: node2` + `target_device: dram`
-        elif isinstance(td, str) and not td.startswith(f"{tn}:") and "${" not in td:
-            errors.add(f"{where}.target_device", f"{td!r} is not on target_node {tn!r}")
-    _normalize_devices(errors, where, atype, raw, node)
-    deps = raw.get("dependencies") or []
-    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
-        errors.add(f"{where}.dependencies", "must be a list of action ids")
-        deps = []
-    if len(set(deps)) != len(deps):
-        errors.add(f"{where}.dependencies", "lists an action twice")
-    priority = raw.get("priority", "normal")
-    if priority not in PRIORITIES:
-        errors.add(f"{where}.priority", f"must be one of {', '.join(PRIORITIES)}")
-        priority = "normal"
-    retries = _int(errors, f"{where}.retries", raw.get("retries", 0), 0, 20) or 0
-    backoff = _num(errors, f"{where}.retry_backoff", raw.get("retry_backoff", 1.0), 0, 600) or 0.0
-    timeout = raw.get("timeout_s")
-    if timeout is not None:
-        timeout = _num(errors, f"{where}.timeout_s", timeout, 1, default_task_timeout)
-    params = {k: v for k, v in raw.items() if k in FIELDS[atype]}
-    _check_params(errors, where, atype, params)
-    exclusive = raw.get("exclusive") or []
-    if not isinstance(exclusive, list):
-        errors.add(f"{where}.exclusive", "must be a list of devices")
-        exclusive = []
-    exclusive = [d for j, e in enumerate(exclusive) if (d := _device(errors, f"{where}.exclusive[{j}]", e))]
-    for key in ("target_device", "device"):  # a move to or a serve on a GPU holds that GPU
-        dev = params.get(key)
-        if atype in ("download", "move", "copy", "serve") and isinstance(dev, str) and ":gpu" in dev:
-            exclusive.append(dev)
-    refs = []
-    for path, expr in _refs(params, where):
-        parsed = parse_ref(expr)
-        if parsed is None:
-            errors.add(path, f"`${{{expr}}}` is not a reference (use ${{action.field}} or ${{action.output.field}})")
-        else:
-            refs.append((path, parsed[0], parsed[1]))
-    return Action(
-        aid, atype, list(deps), params, priority, retries, backoff, timeout, node, sorted(set(exclusive)), refs
-    )
-
-
-def _check_params(errors: _Errors, where: str, atype: str, p: dict[str, Any]) -> None:
-    def need(*keys: str) -> None:
-        for k in keys:
-            if p.get(k) in (None, ""):
-                errors.add(f"{where}.{k}", f"required for a {atype} action")
-
-    if atype in MODEL_ACTIONS:
-        need("model_name")
-        if isinstance(p.get("model_name"), str) and not REF_RE.search(p["model_name"]):
-            errors.check(f"{where}.model_name", lambda: safe_name(p["model_name"], f"{where}.model_name"))
-    if atype == "download":
-        need("target_device")
-    elif atype in ("move", "copy"):
-        need("source_device", "target_device")
-        if atype == "copy" and "bandwidth_limit" in p:
-            _int(errors, f"{where}.bandwidth_limit", p["bandwidth_limit"], 1, 10**13)
-    elif atype in ("serve", "delete"):
-        need("device")
-        if "port" in p:
-            _int(errors, f"{where}.port", p["port"], 1024, 65535)
-        if "config" in p and not isinstance(p["config"], dict):
-            errors.add(f"{where}.config", "must be a mapping")
-    elif atype == "stop_serve":
-        if not p.get("device") and not p.get("service_id"):
-            errors.add(f"{where}.device", "required (or service_id) for a stop_serve action")
-    elif atype == "health_check":
-        need("target_url")
-        if (
-            isinstance(p.get("target_url"), str)
-            and not REF_RE.search(p["target_url"])
-            and not p["target_url"].startswith(("http://", "https://"))
-        ):
-            errors.add(f"{where}.target_url", "must be an http(s) URL")
-    elif atype == "noop":
-        if "duration_s" in p:
-            _num(errors, f"{where}.duration_s", p["duration_s"], 0, 86400)
-        if "fail_times" in p:
-            _int(errors, f"{where}.fail_times", p["fail_times"], 0, 100)
-        if "outputs" in p and not isinstance(p["outputs"], dict):
-            errors.add(f"{where}.outputs", "must be a mapping")
-    elif atype == "data_create":
-        if not p.get("source") and p.get("data") is None:
-            errors.add(f"{where}.source", "required (or data) for a data_create action")
-        need("target_device")
-        if p.get("data_type", "input") not in ("input", "output", "intermediate"):
-            errors.add(f"{where}.data_type", "must be input, output or intermediate")
-    elif atype in ("data_move", "data_transfer"):
-        need("data_id")
-        if atype == "data_move":
-            need("target_device")
-        elif not p.get("target_device") and not p.get("target_node"):
-            errors.add(f"{where}.target_device", "required (or target_node) for a data_transfer action")
-    elif atype == "inference":
-        if not any(p.get(k) for k in ("input_data", "input_data_id", "input")):
-            errors.add(f"{where}.input_data", "required (input_data, input_data_id or input)")
-        if not any(p.get(k) for k in ("service_url", "service", "model_name")):
-            errors.add(f"{where}.service_url", "required (service_url, service or model_name)")
-        need("output_device")
-    elif atype == "data_merge":
-        if not isinstance(p.get("inputs"), list) or not p["inputs"]:
-            errors.add(f"{where}.inputs", "must be a non-empty list")
-        need("output_device")
-        if p.get("format") not in (None, "json", "concat"):
-            errors.add(f"{where}.format", "must be json or concat")
-    if atype in DATA_ACTIONS:
-        for key in ("target_device", "output_device"):
-            dev = p.get(key)
-            if isinstance(dev, str) and "${" not in dev and ":" in dev and dev.split(":", 1)[1] not in ("disk", "dram"):
-                errors.add(f"{where}.{key}", f"{dev!r} is not a data tier: chunks live on a node's disk or dram")
-        if atype in ("inference", "data_merge") and p.get("data_type", "intermediate") not in (
-            "input",
-            "output",
-            "intermediate",
-        ):
-            errors.add(f"{where}.data_type", "must be input, output or intermediate")
-        if "metadata" in p and not isinstance(p["metadata"], dict):
-            errors.add(f"{where}.metadata", "must be a mapping")
-
-
-def _ancestors(actions: dict[str, Action]) -> dict[str, set[str]]:
+def ancestors(actions: dict[str, Action]) -> dict[str, set[str]]:
     memo: dict[str, set[str]] = {}
 
     def walk(aid: str, stack: tuple[str, ...]) -> set[str]:
@@ -413,7 +82,7 @@ def find_cycle(actions: dict[str, Action]) -> list[str] | None:
 
 def validate(doc: dict[str, Any], task_timeout_s: float = 3600) -> Workflow:
     """Check the whole document and return it normalized; raise one InvalidRequest listing every problem."""
-    errors = _Errors()
+    errors = Errors()
     for key in sorted(set(doc) - TOP):
         errors.add(key, "unknown top-level field")
     name = doc.get("name")
@@ -426,7 +95,7 @@ def validate(doc: dict[str, Any], task_timeout_s: float = 3600) -> Workflow:
     for key in sorted(set(qc) - QUEUE_CONFIG):
         errors.add(f"queue_config.{key}", "unknown field")
     if "max_concurrent_tasks" in qc:
-        _int(errors, "queue_config.max_concurrent_tasks", qc["max_concurrent_tasks"], 1, 100_000)
+        check_int(errors, "queue_config.max_concurrent_tasks", qc["max_concurrent_tasks"], 1, 100_000)
     raw_actions = doc.get("actions")
     if not isinstance(raw_actions, list) or not raw_actions:
         errors.add("actions", "required: a non-empty list")
@@ -435,7 +104,7 @@ def validate(doc: dict[str, Any], task_timeout_s: float = 3600) -> Workflow:
         errors.add("actions", "at most 10,000 actions")
     actions: dict[str, Action] = {}
     for i, raw in enumerate(raw_actions):
-        a = _action(errors, i, raw, task_timeout_s)
+        a = parse_action(errors, i, raw, task_timeout_s)
         if a is None:
             continue
         if a.id in actions:
@@ -452,7 +121,7 @@ def validate(doc: dict[str, Any], task_timeout_s: float = 3600) -> Workflow:
     if cycle:
         errors.add(f"actions[{cycle[0]}].dependencies", f"dependency cycle: {' -> '.join(cycle)}")
     if not cycle:
-        anc = _ancestors(actions)
+        anc = ancestors(actions)
         for a in actions.values():
             for path, step, fld in a.refs:
                 if step not in actions:

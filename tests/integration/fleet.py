@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import time
@@ -16,6 +17,7 @@ import psycopg
 import redis
 from flask.testing import FlaskClient
 
+from gswarm_tasks import names
 from tests.conftest import bearer, build_app, make_settings
 from tests.integration.conftest import PG_ADMIN, REDIS_HOST, REDIS_PORT
 from tests.integration.procs import Proc, celery_worker, wait_for
@@ -69,7 +71,7 @@ class Fleet:
         self.app = build_app(self.settings)
         self.ctx = self.app.app_context()
         self.ctx.push()
-        from gswarm_web.auth import create_token
+        from gswarm_web.api.auth import create_token
 
         self.token = create_token("fleet", "admin")
         self.client: FlaskClient = self.app.test_client()
@@ -111,12 +113,13 @@ class Fleet:
         return bearer(self.token)
 
     def redis_events(self, workflow_id: str) -> list[dict[str, Any]]:
-        """Every step event of a workflow, from the stream (the control worker acks but never deletes)."""
+        """Every step report of a workflow, from the reports stream (the control worker acks but never deletes)."""
         client = redis.Redis.from_url(self.redis_url)
         out = []
-        for _eid, f in client.xrange("gswarm:steps"):
-            if f[b"workflow_id"].decode() == workflow_id:
-                out.append({"task_id": f[b"task_id"].decode(), "event": f[b"event"].decode()})
+        for _eid, f in client.xrange(names.REPORTS_STREAM):
+            doc = json.loads(f[b"event"])
+            if doc["kind"] == names.REPORT_STEP and doc.get("workflow_id") == workflow_id:
+                out.append({"task_id": doc["id"], "event": doc["event"]})
         return out
 
     def api(self, method: str, path: str, **kw: Any) -> tuple[int, Any]:

@@ -257,7 +257,7 @@ def test_pins_block_delete_unless_forced(fleet: Fleet) -> None:
 
 
 def run_gc(fleet: Fleet) -> dict:
-    from gswarm_web.operations import sender
+    from gswarm_web.extensions import sender
 
     return dict(sender().send_task("gswarm.control.data_gc", queue="control").get(timeout=30))
 

@@ -79,7 +79,7 @@ def run(fleet: Fleet, doc: dict[str, Any], timeout: float = 420) -> dict[str, An
         return body if body["status"] != "running" else None
 
     body = wait_for(done, timeout, f"workflow {doc['name']} to finish")
-    failed = [(s["action_id"], s.get("error")) for s in body["steps"] if s["state"] != "succeeded"]
+    failed = [(s["action_id"], s.get("error")) for s in body["steps"] if s["status"] != "succeeded"]
     assert body["status"] == "succeeded", failed
     return {s["action_id"]: s for s in body["steps"]}
 

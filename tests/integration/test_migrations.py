@@ -9,7 +9,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
-from gswarm_web import models  # noqa: F401
+from gswarm_web import tables  # noqa: F401
 from gswarm_web.extensions import db
 from gswarm_web.migrate import current_revision, downgrade, head_revision, upgrade
 

@@ -183,7 +183,7 @@ def test_serve_on_cpu_embeds_two_sentences_then_stop_frees_the_port(fleet: Fleet
 def _snapshot(fleet: Fleet) -> tuple[set[str], int]:
     files = {str(p) for n in ("node1", "node2") for p in fleet.storage(n).rglob("*") if ".file-port" not in str(p)}
     from gswarm_web.extensions import db
-    from gswarm_web.models import TaskRecord
+    from gswarm_web.tables import TaskRecord
 
     db.session.remove()
     return files, db.session.query(TaskRecord).count()

@@ -15,7 +15,7 @@ from tests.integration.procs import wait_for
 
 
 def api_client(settings: Settings) -> tuple[Any, FlaskClient, str]:
-    from gswarm_web.auth import create_token
+    from gswarm_web.api.auth import create_token
 
     app = build_app(settings)
     ctx = app.app_context()

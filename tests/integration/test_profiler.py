@@ -41,7 +41,7 @@ def test_overlapping_sessions_each_get_their_frequency_and_window(fleet: Fleet) 
     fleet.post("/profiler/sessions/b/stop", {})
     until(4)
     code, a_stopped = fleet.post("/profiler/sessions/a/stop", {})
-    assert code == 200 and a_stopped["state"] == "stopped"
+    assert code == 200 and a_stopped["status"] == "stopped"
     ea = fleet.get("/profiler/sessions/a/export")[1]
     eb = fleet.get("/profiler/sessions/b/export")[1]
     b_info = fleet.get("/profiler/sessions/b")[1]

@@ -94,7 +94,7 @@ def test_retry_then_success(fleet: Fleet) -> None:
     body = run(fleet, [noop("flaky", fail_times=2, retries=3, retry_backoff=0.1), noop("after", "flaky")])
     assert body["status"] == "succeeded", body
     s = steps(body)
-    assert s["flaky"]["attempts"] == 3 and s["after"]["state"] == "succeeded"
+    assert s["flaky"]["attempts"] == 3 and s["after"]["status"] == "succeeded"
 
 
 def test_failure_skips_dependents_only(fleet: Fleet) -> None:
@@ -110,27 +110,27 @@ def test_failure_skips_dependents_only(fleet: Fleet) -> None:
     )
     assert body["status"] == "failed"
     s = steps(body)
-    assert s["bad"]["state"] == "failed" and s["bad"]["error"]["code"] == "TASK_FAILED"
-    assert s["child"]["state"] == "skipped" and s["grandchild"]["state"] == "skipped"
-    assert s["free"]["state"] == "succeeded" and s["free2"]["state"] == "succeeded"
+    assert s["bad"]["status"] == "failed" and s["bad"]["error"]["code"] == "TASK_FAILED"
+    assert s["child"]["status"] == "skipped" and s["grandchild"]["status"] == "skipped"
+    assert s["free"]["status"] == "succeeded" and s["free2"]["status"] == "succeeded"
 
 
 def test_fail_fast_cancels_the_rest(fleet: Fleet) -> None:
     body = run(fleet, [noop("bad", fail_times=5), noop("slow", node="node2", duration_s=20)], fail_fast=True)
     assert body["status"] == "cancelled"
-    assert steps(body)["slow"]["state"] == "cancelled"
+    assert steps(body)["slow"]["status"] == "cancelled"
 
 
 def test_cancel_mid_run_stops_running_and_pending_steps(fleet: Fleet) -> None:
     code, body = fleet.post("/workflows", {"name": "c", "actions": [noop("long", duration_s=30), noop("next", "long")]})
     wf = body["id"]
-    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["long"]["state"] == "running", 20, "long running")
+    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["long"]["status"] == "running", 20, "long running")
     t0 = time.monotonic()
     code, _ = fleet.post(f"/workflows/{wf}/cancel", {})
     assert code == 200
     body = fleet.get(f"/workflows/{wf}")[1]
     assert body["status"] == "cancelled"
-    assert {s["state"] for s in body["steps"]} == {"cancelled"}
+    assert {s["status"] for s in body["steps"]} == {"cancelled"}
     # The running noop notices within a fraction of a second; nothing starts later, even after a restart.
     fleet.procs["node1"].stop()
     fleet.start_node("node1")
@@ -144,7 +144,7 @@ def test_sigkill_of_the_whole_worker_mid_step_then_success(fleet: Fleet) -> None
         "/workflows", {"name": "k", "actions": [noop("victim", duration_s=3), noop("after", "victim")]}
     )
     wf = body["id"]
-    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["victim"]["state"] == "running", 20, "victim running")
+    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["victim"]["status"] == "running", 20, "victim running")
     fleet.procs["node1"].kill_group(signal.SIGKILL)
     fleet.start_node("node1")
     restarted = time.monotonic()
@@ -164,7 +164,7 @@ def test_killed_pool_child_is_requeued_at_once(fleet: Fleet) -> None:
 
     code, body = fleet.post("/workflows", {"name": "p", "actions": [noop("victim", duration_s=2)]})
     wf = body["id"]
-    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["victim"]["state"] == "running", 20, "victim running")
+    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["victim"]["status"] == "running", 20, "victim running")
     main = psutil.Process(fleet.procs["node1"].pid)
     for child in main.children():
         child.kill()
@@ -198,7 +198,7 @@ def test_yaml_multipart_graph_queue_and_refusals(fleet: Fleet) -> None:
     wait_done(fleet, r.json["id"])
     graph = fleet.get(f"/workflows/{r.json['id']}/graph")[1]
     assert {(e["from"], e["to"]) for e in graph["edges"]} == {("a", "b")}
-    assert {n["state"] for n in graph["nodes"]} == {"succeeded"}
+    assert {n["status"] for n in graph["nodes"]} == {"succeeded"}
     import io
 
     r = fleet.client.post(
@@ -250,7 +250,7 @@ def test_restarting_the_control_worker_mid_run_loses_nothing(fleet: Fleet) -> No
     fleet.start("control", "control", app_module="gswarm_web.celery_app")
     body = wait_done(fleet, wf, 60)
     assert body["status"] == "succeeded"
-    assert all(s["state"] == "succeeded" and s["started_at"] and s["finished_at"] for s in body["steps"])
+    assert all(s["status"] == "succeeded" and s["started_at"] and s["finished_at"] for s in body["steps"])
 
 
 def test_cli_runs_a_workflow_and_its_exit_code_says_how_it_went(fleet: Fleet, tmp_path: Any) -> None:
@@ -296,7 +296,7 @@ def test_cli_runs_a_workflow_and_its_exit_code_says_how_it_went(fleet: Fleet, tm
 def test_a_step_over_its_time_limit_fails(fleet: Fleet) -> None:
     body = run(fleet, [noop("slow", duration_s=20, timeout_s=1), noop("after", "slow")])
     s = steps(body)
-    assert body["status"] == "failed" and s["slow"]["state"] == "failed" and s["after"]["state"] == "skipped"
+    assert body["status"] == "failed" and s["slow"]["status"] == "failed" and s["after"]["status"] == "skipped"
     assert "TimeLimit" in s["slow"]["error"]["message"]
     assert t(s["slow"], "finished_at") - t(s["slow"], "started_at") < 5
 
@@ -307,11 +307,11 @@ def test_cancelling_one_step_skips_its_dependents(fleet: Fleet) -> None:
         {"name": "one", "actions": [noop("long", duration_s=30), noop("x", "long"), noop("other", node="node2")]},
     )
     wf = body["id"]
-    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["long"]["state"] == "running", 20, "long running")
+    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["long"]["status"] == "running", 20, "long running")
     tid = steps(fleet.get(f"/workflows/{wf}")[1])["long"]["task_id"]
     code, task = fleet.post(f"/queue/tasks/{tid}/cancel", {})
     assert code == 200 and task["status"] == "cancelled"
     body = wait_done(fleet, wf, 30)
     s = steps(body)
-    assert s["long"]["state"] == "cancelled" and s["x"]["state"] == "skipped" and s["other"]["state"] == "succeeded"
+    assert s["long"]["status"] == "cancelled" and s["x"]["status"] == "skipped" and s["other"]["status"] == "succeeded"
     assert body["status"] == "cancelled"

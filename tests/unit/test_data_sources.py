@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gswarm_tasks.data_tasks import _texts, merge_chunks, parse_data_source
+from gswarm_tasks.compute import _texts, merge_chunks
+from gswarm_tasks.data_sources import parse_data_source
 from gswarm_tasks.errors import InvalidRequest
 from gswarm_tasks.settings import Settings
 
@@ -65,7 +66,7 @@ def test_inference_sends_lines_or_a_json_request() -> None:
 
 
 def test_range_headers_the_file_server_accepts() -> None:
-    from gswarm_tasks.transfer import parse_range
+    from gswarm_tasks.transfer.server import parse_range
 
     assert parse_range("bytes=0-9", 100) == (0, 9)
     assert parse_range("bytes=90-", 100) == (90, 99)

@@ -9,9 +9,11 @@ import fakeredis
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from gswarm_tasks import names
 from gswarm_tasks.nvml import FakeGpuSource
-from gswarm_tasks.profiler import FRAMES_KEY, Sampler
-from gswarm_web.profiling import at_frequency, export_document, prometheus_text
+from gswarm_tasks.sampler import Sampler
+from gswarm_web.control.metrics import prometheus_text
+from gswarm_web.control.profiling import at_frequency, export_document
 
 
 def test_frames_are_buffered_while_redis_is_down_and_flushed_in_order() -> None:
@@ -24,7 +26,7 @@ def test_frames_are_buffered_while_redis_is_down_and_flushed_in_order() -> None:
     up = fakeredis.FakeRedis()
     s.client = up
     assert s.flush()
-    seqs = [json.loads(f[b"data"])["seq"] for _, f in up.xrange(FRAMES_KEY.format("n1"))]
+    seqs = [json.loads(f[b"data"])["seq"] for _, f in up.xrange(names.frames_stream("n1"))]
     assert seqs == [3, 4, 5, 6, 7]
     assert not s.buffer
 

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gswarm_tasks.errors import NetworkError
-from gswarm_tasks.storage import VerificationError, build_manifest, hash_file, install, verified_copy
-from gswarm_tasks.transfer import BLOCK, FileServer, pull_files, sign_token, verify_token
+from gswarm_tasks.errors import NetworkError, VerificationError
+from gswarm_tasks.storage import build_manifest, hash_file, install, verified_copy
+from gswarm_tasks.transfer.client import BLOCK, pull_files
+from gswarm_tasks.transfer.server import FileServer
+from gswarm_tasks.transfer.tokens import sign_token, verify_token
 
 SECRET = b"s" * 32
 

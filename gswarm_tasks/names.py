@@ -1,0 +1,104 @@
+"""Every name the fleet shares: queues, priorities, task names, streams and Redis keys.
+
+Nodes and the control plane meet only through these names; nothing else spells one out.
+"""
+
+from __future__ import annotations
+
+# ---- queues and priorities ------------------------------------------------------------------------------------
+
+CONTROL_QUEUE = "control"
+# Priority names mapped onto Redis priority steps; on Redis 0 is served first.
+PRIORITIES = {"critical": 0, "high": 3, "normal": 6, "low": 9}
+PRIORITY_NAMES = tuple(PRIORITIES)
+PRIORITY_STEPS = [0, 3, 6, 9]
+
+# ---- tasks ----------------------------------------------------------------------------------------------------
+
+NODE_PING = "gswarm.node.ping"
+NODE_INFO = "gswarm.node.info"
+MODEL_DOWNLOAD = "gswarm.node.model.download"
+MODEL_COPY = "gswarm.node.model.copy"
+MODEL_MOVE = "gswarm.node.model.move"
+MODEL_DELETE = "gswarm.node.model.delete"
+SERVICE_START = "gswarm.node.service.start"
+SERVICE_STOP = "gswarm.node.service.stop"
+DATA_CREATE = "gswarm.node.data.create"
+DATA_COPY = "gswarm.node.data.copy"
+DATA_DELETE = "gswarm.node.data.delete"
+WORKFLOW_STEP = "gswarm.node.workflow.step"
+
+CONTROL_TASKS = "gswarm.control.*"
+SWEEP_NODES = "gswarm.control.sweep_nodes"
+SWEEP_OUTBOX = "gswarm.control.workflow_sweep"
+DATA_GC = "gswarm.control.data_gc"
+
+# ---- streams (each read by the control worker's consumer group `CONTROL_GROUP`) -------------------------------
+
+CONTROL_GROUP = "control"
+# Every node -> control report but heartbeats and frames: operation phases and results, step events, services.
+REPORTS_STREAM = "gswarm:reports"
+REPORTS_MAXLEN = 1_000_000
+# The kinds of report, each routed to the bookkeeping of its resource.
+REPORT_OPERATION = "operation"  # a standalone operation (a TaskRecord): started, phase, retrying, succeeded, failed
+REPORT_STEP = "step"  # a workflow step: started, retrying, succeeded, failed, cancelled
+REPORT_SERVICES = "services"  # the health of every service a node runs, after each round of checks
+DEAD_REPORTS_STREAM = "gswarm:reports:dead"  # reports the control plane could not apply, kept for a person to read
+HEARTBEAT_STREAM = "gswarm:heartbeats"
+HEARTBEAT_MAXLEN = 100_000
+FRAMES_MAXLEN = 200_000  # per node: 55 h at 1 Hz, 5.5 h at 10 Hz
+
+
+def frames_stream(node: str) -> str:
+    """One frame stream per node (`*` matches them all)."""
+    return f"gswarm:frames:{node}"
+
+
+def node_of_frames_stream(stream: str) -> str:
+    return stream.removeprefix("gswarm:frames:")
+
+
+# ---- keys -----------------------------------------------------------------------------------------------------
+
+CONTROL_ALIVE_KEY = "gswarm:control-workers"  # hash: consumer -> last time it polled
+TRANSFER_SECRET_KEY = "gswarm:transfer-secret"
+PROFILER_SESSIONS_KEY = "gswarm:profiler:sessions"  # hash: session -> what its nodes should sample
+METRICS_LATEST_KEY = "gswarm:metrics:latest"  # hash: node -> its newest frame
+METRICS_SEEN_KEY = "gswarm:metrics:latest:seen"
+KEEP_S = 7 * 24 * 3600  # how long per-task keys live
+
+
+def deliveries_key(task_id: str, attempt: int) -> str:
+    return f"gswarm:deliveries:{task_id}:{attempt}"
+
+
+def progress_key(op_id: str) -> str:
+    return f"gswarm:progress:{op_id}"
+
+
+def op_done_key(op_id: str) -> str:
+    return f"gswarm:op-done:{op_id}"
+
+
+def device_lock_key(device: str) -> str:
+    return f"gswarm:lock:device:{device}"
+
+
+def step_done_key(task_id: str) -> str:
+    return f"gswarm:step-done:{task_id}"
+
+
+def workflow_outputs_key(workflow_id: str) -> str:
+    return f"gswarm:wf:{workflow_id}:outputs"
+
+
+def workflow_specs_key(workflow_id: str) -> str:
+    return f"gswarm:wf:{workflow_id}:specs"
+
+
+def cancel_workflow_key(workflow_id: str) -> str:
+    return f"gswarm:cancel:wf:{workflow_id}"
+
+
+def cancel_task_key(task_id: str) -> str:
+    return f"gswarm:cancel:task:{task_id}"

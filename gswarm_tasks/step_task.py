@@ -1,0 +1,185 @@
+"""The workflow step task: one action of a workflow, run where its device is.
+
+Steps of a linear stretch of the DAG travel as one Celery chain; a step reports started / retrying /
+succeeded / failed / cancelled to the intake stream, which the control worker reads to record states and
+start whatever became ready. Outputs go to Redis first, so a later step of the same chain can resolve
+`${step.field}` before the control worker has even seen the event. A step is idempotent by its task id.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import os
+import random
+import threading
+import time
+from typing import Any
+
+import redis
+from celery import Task
+from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
+
+from . import names
+from .actions import recorded_outputs, resolve, run_action
+from .celery_app import NodeTask, app
+from .errors import Cancelled, GswarmError, InvalidRequest, LeaseBusy, TaskFailed, error_dict
+from .locks import device_leases
+from .reporting import redis_of, report
+
+log = logging.getLogger(__name__)
+
+STARTED_AFTER_S = 0.02
+
+
+class _Announcer:
+    """One thread per process that runs a callback after a delay unless it was called off first
+    (a Timer thread per step costs more than the quickest steps themselves)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.cond = threading.Condition()
+        self.heap: list[tuple[float, int, threading.Event, Any]] = []
+        self.n = 0
+        threading.Thread(target=self._run, daemon=True, name="gswarm-announcer").start()
+
+    def later(self, delay: float, fn: Any) -> threading.Event:
+        off = threading.Event()
+        with self.cond:
+            self.n += 1
+            heapq.heappush(self.heap, (time.monotonic() + delay, self.n, off, fn))
+            self.cond.notify()
+        return off
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.heap or self.heap[0][0] > time.monotonic():
+                    self.cond.wait(None if not self.heap else max(0.0, self.heap[0][0] - time.monotonic()))
+                _, _, off, fn = heapq.heappop(self.heap)
+            if not off.is_set():
+                try:
+                    fn()
+                except Exception as exc:
+                    log.debug("announcement failed: %s", exc)
+
+
+_announcer_instance: _Announcer | None = None
+
+
+def _announcer() -> _Announcer:
+    global _announcer_instance
+    if _announcer_instance is None or _announcer_instance.pid != os.getpid():  # a forked pool child needs its own
+        _announcer_instance = _Announcer()
+    return _announcer_instance
+
+
+def emit(client: Any, spec: dict[str, Any], event: str, at: float | None = None, **data: Any) -> None:
+    """Report a step event (`client` may be a pipeline)."""
+    report(client, names.REPORT_STEP, spec["task_id"], event, data, at, workflow_id=spec["workflow_id"])
+
+
+def _stop_chain(task: Task) -> None:
+    task.request.chain = None
+
+
+def _prologue(client: redis.Redis, spec: dict[str, Any]) -> tuple[dict[str, Any], bool, Any]:
+    """(full spec, cancelled, previous result) in one round trip: what a step checks before it starts."""
+    tid = spec["task_id"]
+    pipe = client.pipeline(transaction=False)
+    pipe.exists(names.cancel_workflow_key(spec["workflow_id"]), names.cancel_task_key(tid))
+    pipe.get(names.step_done_key(tid))
+    pipe.hget(names.workflow_specs_key(spec["workflow_id"]), tid)
+    cancelled, done, full = pipe.execute()
+    if full is not None:
+        spec = json.loads(full)
+    elif "action_type" not in spec:
+        raise TaskFailed(f"step {tid} has no spec in Redis (was it flushed?)", {"task_id": tid})
+    return spec, bool(cancelled), done
+
+
+def _run_leased(task: Task, client: redis.Redis, spec: dict[str, Any], attempt: int) -> tuple[Any, float, float]:
+    """Resolve references, hold the step's devices and run it; (result, started_at, finished_at)."""
+    params = spec["params"]
+    outputs: dict[str, dict[str, Any]] | None = None
+    if "${" in json.dumps(params):
+        outputs = recorded_outputs(client, spec["workflow_id"])
+        params = resolve(params, outputs)
+    # A step that waits for its device is not running yet: it reports `started` once it holds it.
+    with device_leases(client, spec.get("exclusive") or [], owner=spec["task_id"], wait=False):
+        started_at = time.time()
+        # `started` goes out once the step has run a moment; a step quicker than that reports its start
+        # inside its `succeeded` event, which halves the events of short steps.
+        announce = _announcer().later(
+            STARTED_AFTER_S,
+            lambda: emit(client, spec, "started", at=started_at, attempt=attempt, worker=task.request.hostname),
+        )
+        try:
+            result = run_action(task, spec, params, client, outputs)
+        finally:
+            announce.set()  # done already: nothing to announce
+        finished_at = time.time()  # still holding the devices: the next holder starts after this
+    return result, started_at, finished_at
+
+
+def _on_error(task: Task, client: redis.Redis, spec: dict[str, Any], attempt: int, exc: BaseException) -> None:
+    """Retry a step that may succeed later (with backoff and jitter), else report it failed and stop its chain."""
+    permanent = isinstance(exc, InvalidRequest) or (isinstance(exc, GswarmError) and exc.status == 404)
+    retries = int(spec.get("retries", 0))
+    if not permanent and not isinstance(exc, SoftTimeLimitExceeded) and attempt <= retries:
+        base = float(spec.get("retry_backoff", 1.0))
+        countdown = min(300.0, base * 2 ** (attempt - 1)) * (0.5 + random.random())
+        emit(client, spec, "retrying", attempt=attempt, error=error_dict(exc), countdown_s=round(countdown, 3))
+        raise task.retry(exc=exc, countdown=countdown, max_retries=None) from exc
+    emit(client, spec, "failed", attempt=attempt, error=error_dict(exc), started_at=time.time())
+    _stop_chain(task)
+
+
+@app.task(name=names.WORKFLOW_STEP, base=NodeTask, bind=True)
+def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
+    """Run one workflow action; stop the rest of its chain when it fails or is cancelled.
+
+    The message names the step; its spec (action, parameters, retries, devices) is read from Redis."""
+    client = redis_of(self)
+    attempt = int(self.request.retries or 0) + 1
+    spec, cancelled, done = _prologue(client, spec)
+    if cancelled:
+        emit(client, spec, "cancelled", reason="cancelled before it started")
+        _stop_chain(self)
+        return None
+    if done is not None:  # a redelivery of a finished step: report again, do nothing again
+        previous = json.loads(done)
+        emit(client, spec, "succeeded", outputs=previous, redelivered=True)
+        return dict(previous)
+    try:
+        result, started_at, finished_at = _run_leased(self, client, spec, attempt)
+    except Cancelled as exc:
+        emit(client, spec, "cancelled", reason=str(exc))
+        _stop_chain(self)
+        return None
+    except LeaseBusy:
+        # The device is busy: give the worker slot back and come back shortly, same id, same chain, same
+        # retry count (waiting is not a failure), far under the visibility timeout.
+        self.signature_from_request(countdown=0.05 + random.random() * 0.2).apply_async()
+        _stop_chain(self)
+        raise Ignore() from None
+    except (Retry, Ignore):
+        raise
+    except BaseException as exc:
+        _on_error(self, client, spec, attempt, exc)
+        raise
+    # Outputs and the done mark are written before the event, in one round trip, so the next step of the
+    # chain can resolve its references and a redelivery finds the step done.
+    outputs_key = names.workflow_outputs_key(spec["workflow_id"])
+    pipe = client.pipeline()
+    pipe.hset(outputs_key, spec["step_id"], json.dumps(_public(result)))
+    pipe.expire(outputs_key, names.KEEP_S)
+    pipe.set(names.step_done_key(spec["task_id"]), json.dumps(result), ex=names.KEEP_S)
+    emit(pipe, spec, "succeeded", at=finished_at, outputs=result, attempt=attempt, started_at=started_at)
+    pipe.execute()
+    return _public(result)
+
+
+def _public(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in result.items() if k != "manifest"}

@@ -1,0 +1,19 @@
+"""The HTTP API: one flask-smorest blueprint per resource, schemas beside it; HTTP only, the state is `control`'s."""
+
+from __future__ import annotations
+
+from flask_smorest import Blueprint
+
+from . import data, health, models, nodes, profiler, queue, services, tokens, workflows
+
+BLUEPRINTS: tuple[Blueprint, ...] = (
+    health.blp,
+    nodes.blp,
+    models.blp,
+    services.blp,
+    workflows.blp,
+    queue.blp,
+    profiler.blp,
+    data.blp,
+    tokens.blp,
+)

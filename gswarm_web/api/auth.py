@@ -1,0 +1,88 @@
+"""Bearer-token auth: an `admin` and a `read-only` role; only token hashes are stored."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from datetime import UTC, datetime
+
+from flask import Flask, current_app, g, request
+
+from gswarm_tasks.errors import Forbidden, InvalidRequest, Unauthorized
+
+from ..extensions import db
+from ..tables import ApiToken
+
+ROLES = ("admin", "read-only")
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# Reachable without a token: liveness for load balancers, and the API's own description.
+PUBLIC_ENDPOINTS = frozenset({"api-docs.openapi_json", "api-docs.openapi_swagger_ui", "health.Health", "static"})
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(name: str, role: str = "admin") -> str:
+    """Make a token, store its hash, and return the token itself (shown once)."""
+    if role not in ROLES:
+        raise InvalidRequest(f"role: must be one of {', '.join(ROLES)}", {"field": "role", "value": role})
+    token = "gsw_" + secrets.token_urlsafe(32)
+    db.session.add(ApiToken(name=name, role=role, token_hash=hash_token(token), prefix=token[:10]))
+    db.session.commit()
+    return token
+
+
+def ensure_token(name: str, token: str, role: str = "admin") -> None:
+    """Record `token` (for instance one read from a token file) if it is not known yet."""
+    h = hash_token(token)
+    if db.session.execute(db.select(ApiToken.id).where(ApiToken.token_hash == h)).first() is None:
+        db.session.add(ApiToken(name=name, role=role, token_hash=h, prefix=token[:10]))
+        db.session.commit()
+
+
+def identity_of(token: str) -> tuple[str, str] | None:
+    """(role, token name) of a valid token; None for an unknown or revoked one."""
+    fixed = current_app.config.get("GSWARM_ADMIN_TOKEN")
+    if fixed and hmac.compare_digest(token.encode(), str(fixed).encode()):
+        return "admin", "admin-token"
+    row = db.session.execute(
+        db.select(ApiToken.role, ApiToken.name, ApiToken.revoked_at).where(ApiToken.token_hash == hash_token(token))
+    ).first()
+    if row is None or row.revoked_at is not None:
+        return None
+    return str(row.role), str(row.name)
+
+
+def role_of(token: str) -> str | None:
+    ident = identity_of(token)
+    return ident[0] if ident else None
+
+
+def revoke_token(prefix: str) -> int:
+    rows = db.session.scalars(db.select(ApiToken).where(ApiToken.prefix == prefix, ApiToken.revoked_at.is_(None)))
+    n = 0
+    for row in rows:
+        row.revoked_at = datetime.now(UTC)
+        n += 1
+    db.session.commit()
+    return n
+
+
+def init_auth(app: Flask) -> None:
+    @app.before_request
+    def _authenticate() -> None:
+        if not app.config.get("GSWARM_AUTH", True) or request.endpoint in PUBLIC_ENDPOINTS:
+            return
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized("a bearer token is required (Authorization: Bearer <token>)")
+        ident = identity_of(token.strip())
+        if ident is None:
+            raise Unauthorized("the bearer token is not valid")
+        g.role, g.token_name = ident
+        role = g.role
+        if request.method not in READ_METHODS and role != "admin":
+            raise Forbidden(f"a {role} token cannot {request.method} {request.path}", {"role": role})

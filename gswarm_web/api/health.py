@@ -1,0 +1,80 @@
+"""`/health`: database, broker and workers, answered without a token so probes can use it."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+from flask.views import MethodView
+from flask_smorest import Blueprint
+from sqlalchemy import text
+
+from gswarm_tasks import names
+
+from ..control.node_state import node_status
+from ..extensions import db, redis_client, settings
+from ..tables import Node
+
+blp = Blueprint("health", __name__, url_prefix="/api/v1", description="Health of the control plane")
+
+CONTROL_ALIVE_S = 15.0
+
+
+def _timed(fn: Any) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    try:
+        fn()
+        return {"ok": True, "latency_ms": round((time.perf_counter() - t0) * 1000, 2)}
+    except Exception as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def health_report() -> tuple[dict[str, Any], int]:
+    s = settings()
+    database = _timed(lambda: db.session.execute(text("SELECT 1")))
+    broker = _timed(lambda: redis_client().ping())
+    control: list[str] = []
+    if broker["ok"]:
+        now = time.time()
+        try:
+            seen: dict[bytes, bytes] = redis_client().hgetall(names.CONTROL_ALIVE_KEY)  # type: ignore[assignment]
+            control = sorted(k.decode() for k, v in seen.items() if now - float(v) < CONTROL_ALIVE_S)
+        except redis.RedisError:
+            pass
+    nodes: Counter[str] = Counter()
+    if database["ok"]:
+        now_dt = datetime.now(UTC)
+        for node in db.session.scalars(db.select(Node)):
+            nodes[node_status(node, now_dt, s.heartbeat_timeout_s, s.offline_after_s)] += 1
+    else:
+        db.session.rollback()
+    if not (database["ok"] and broker["ok"]):
+        status, code = "unhealthy", 503
+    elif not control:
+        status, code = "degraded", 200
+    else:
+        status, code = "healthy", 200
+    body = {
+        "status": status,
+        "time": datetime.now(UTC).isoformat(),
+        "database": database,
+        "broker": broker,
+        "workers": {
+            "control": control,
+            "nodes": {s: nodes.get(s, 0) for s in ("healthy", "unhealthy", "offline")},
+        },
+    }
+    return body, code
+
+
+@blp.route("/health")
+class Health(MethodView):
+    @blp.response(200)
+    @blp.alt_response(503, description="The database or the broker cannot be reached")
+    def get(self) -> Any:
+        """Health of database, broker, control workers and nodes"""
+        body, code = health_report()
+        return body, code

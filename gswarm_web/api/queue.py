@@ -1,0 +1,177 @@
+"""`/queue/tasks/{id}`: the state, progress and outcome of one operation sent to the fleet."""
+
+from __future__ import annotations
+
+from datetime import UTC
+from typing import Any
+
+import marshmallow as ma
+import redis
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from gswarm_tasks.errors import NotFound
+from gswarm_tasks.reporting import read_progress
+
+from ..control import task_state
+from ..extensions import db, redis_client
+from ..tables import TaskRecord
+from ..workflows.cancel import cancel_step
+from .pagination import PageArgsSchema, PageSchema, page_of
+
+blp = Blueprint("queue", __name__, url_prefix="/api/v1", description="Tasks sent to the fleet")
+
+
+class ProgressSchema(ma.Schema):
+    phase = ma.fields.String(allow_none=True)
+    done_bytes = ma.fields.Integer(allow_none=True)
+    total_bytes = ma.fields.Integer(allow_none=True)
+    percent = ma.fields.Float(allow_none=True)
+
+
+class TaskSchema(ma.Schema):
+    task_id = ma.fields.String(attribute="id")
+    kind = ma.fields.String()
+    status = ma.fields.String(attribute="state")
+    node = ma.fields.String(allow_none=True)
+    priority = ma.fields.String()
+    model_name = ma.fields.String(allow_none=True)
+    service_id = ma.fields.String(allow_none=True)
+    source_device = ma.fields.String(allow_none=True)
+    target_device = ma.fields.String(allow_none=True)
+    attempts = ma.fields.Integer()
+    progress = ma.fields.Method("get_progress")
+    result = ma.fields.Dict(allow_none=True)
+    error = ma.fields.Dict(allow_none=True)
+    created_at = ma.fields.DateTime()
+    started_at = ma.fields.DateTime(allow_none=True)
+    finished_at = ma.fields.DateTime(allow_none=True)
+
+    def get_progress(self, rec: TaskRecord) -> dict[str, Any]:
+        try:
+            live = read_progress(redis_client(), rec.id)
+        except redis.RedisError:
+            live = {}
+        done = live.get("done")
+        total = live.get("total")
+        if rec.state == "succeeded" and total:
+            done = total
+        return {
+            "phase": live.get("phase") or rec.state,
+            "done_bytes": int(done) if done is not None else None,
+            "total_bytes": int(total) if total is not None else None,
+            "percent": round(100.0 * done / total, 1) if done is not None and total else None,
+        }
+
+
+@blp.route("/queue/tasks/<string:task_id>")
+class TaskById(MethodView):
+    @blp.response(200, TaskSchema)
+    def get(self, task_id: str) -> TaskRecord:
+        """One task: status, progress (bytes done / total), attempts, result or error"""
+        rec = db.session.get(TaskRecord, task_id)
+        if rec is None:
+            raise NotFound(f"no task {task_id!r}", {"task_id": task_id})
+        return rec
+
+
+ACTIVE_STATES = ("pending", "queued", "running")
+ALL_STATES = ("pending", "queued", "running", "succeeded", "failed", "cancelled", "skipped")
+
+
+class TaskListArgsSchema(PageArgsSchema):
+    status = ma.fields.String(validate=ma.validate.OneOf(ALL_STATES))
+    node = ma.fields.String()
+    workflow_id = ma.fields.String()
+    kind = ma.fields.String()
+
+
+class HistoryArgsSchema(ma.Schema):
+    limit = ma.fields.Integer(load_default=50, validate=ma.validate.Range(min=1, max=1000))
+    status = ma.fields.String(validate=ma.validate.OneOf(("succeeded", "failed", "cancelled", "skipped")))
+    since = ma.fields.DateTime(metadata={"description": "ISO 8601; only tasks that finished after it"})
+
+
+class TaskListSchema(PageSchema):
+    tasks = ma.fields.List(ma.fields.Nested(TaskSchema))
+
+
+@blp.route("/queue")
+class Queue(MethodView):
+    @blp.response(200)
+    def get(self) -> dict[str, Any]:
+        """Pending / running / completed counts per node and priority"""
+        rows = db.session.execute(
+            db.select(TaskRecord.node, TaskRecord.priority, TaskRecord.state, db.func.count()).group_by(
+                TaskRecord.node, TaskRecord.priority, TaskRecord.state
+            )
+        )
+        per_node: dict[str, dict[str, dict[str, int]]] = {}
+        totals = {"pending": 0, "running": 0, "completed": 0, "failed": 0}
+        for node, priority, state, n in rows:
+            bucket = {
+                "pending": "pending",
+                "queued": "pending",
+                "running": "running",
+                "succeeded": "completed",
+                "failed": "failed",
+            }.get(state)
+            if bucket is None:
+                continue
+            cell = per_node.setdefault(node or "-", {}).setdefault(
+                priority or "normal", {"pending": 0, "running": 0, "completed": 0, "failed": 0}
+            )
+            cell[bucket] += int(n)
+            totals[bucket] += int(n)
+        return {"totals": totals, "nodes": per_node}
+
+
+@blp.route("/queue/tasks")
+class Tasks(MethodView):
+    @blp.arguments(TaskListArgsSchema, location="query")
+    @blp.response(200, TaskListSchema)
+    def get(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Tasks, newest first (filters: status, node, workflow_id, kind)"""
+        query = db.select(TaskRecord).order_by(TaskRecord.created_at.desc(), TaskRecord.id)
+        for key, col in (
+            ("status", TaskRecord.state),
+            ("node", TaskRecord.node),
+            ("workflow_id", TaskRecord.workflow_id),
+            ("kind", TaskRecord.kind),
+        ):
+            if key in args:
+                query = query.where(col == args[key])
+        return page_of("tasks", query, args)
+
+
+@blp.route("/queue/tasks/<string:task_id>/cancel")
+class TaskCancel(MethodView):
+    @blp.response(200, TaskSchema)
+    def post(self, task_id: str) -> TaskRecord:
+        """Cancel a pending or running task (a workflow step's dependents are skipped)"""
+        rec = db.session.get(TaskRecord, task_id)
+        if rec is None:
+            raise NotFound(f"no task {task_id!r}", {"task_id": task_id})
+        if rec.workflow_id:
+            cancel_step(rec)
+        else:
+            task_state.cancel(rec)
+        return rec
+
+
+@blp.route("/queue/history")
+class History(MethodView):
+    @blp.arguments(HistoryArgsSchema, location="query")
+    @blp.response(200, TaskListSchema)
+    def get(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Finished tasks, most recent first (limit, status, since)"""
+        query = db.select(TaskRecord).where(TaskRecord.finished_at.is_not(None))
+        if "status" in args:
+            query = query.where(TaskRecord.state == args["status"])
+        if "since" in args:
+            since = args["since"]
+            if since.tzinfo is None:
+                since = since.replace(tzinfo=UTC)
+            query = query.where(TaskRecord.finished_at >= since)
+        items = list(db.session.scalars(query.order_by(TaskRecord.finished_at.desc()).limit(args["limit"])))
+        return {"tasks": items, "total": len(items), "page": 1, "per_page": args["limit"]}

@@ -1,0 +1,57 @@
+"""`/tokens`: admins create and revoke API tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import marshmallow as ma
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from gswarm_tasks.errors import NotFound
+
+from ..extensions import db
+from ..tables import ApiToken
+from .auth import ROLES, create_token, hash_token, revoke_token
+
+blp = Blueprint("tokens", __name__, url_prefix="/api/v1", description="API tokens")
+
+
+class TokenCreateSchema(ma.Schema):
+    name = ma.fields.String(required=True, validate=ma.validate.Length(min=1, max=128))
+    role = ma.fields.String(load_default="read-only", validate=ma.validate.OneOf(ROLES))
+
+
+class TokenSchema(ma.Schema):
+    name = ma.fields.String()
+    role = ma.fields.String()
+    prefix = ma.fields.String()
+    created_at = ma.fields.DateTime()
+    revoked_at = ma.fields.DateTime(allow_none=True)
+    token = ma.fields.String(metadata={"description": "shown once, at creation"})
+
+
+@blp.route("/tokens")
+class Tokens(MethodView):
+    @blp.response(200, TokenSchema(many=True))
+    def get(self) -> list[ApiToken]:
+        """List tokens (their prefixes, never the tokens)"""
+        return list(db.session.scalars(db.select(ApiToken).order_by(ApiToken.id)))
+
+    @blp.arguments(TokenCreateSchema)
+    @blp.response(201, TokenSchema)
+    def post(self, args: dict[str, Any]) -> ApiToken:
+        """Create a token; the response is the only time it is shown"""
+        token = create_token(args["name"], args["role"])
+        row = db.session.scalar(db.select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+        row.token = token  # not a column: returned once, never stored
+        return row
+
+
+@blp.route("/tokens/<string:prefix>")
+class TokenByPrefix(MethodView):
+    @blp.response(204)
+    def delete(self, prefix: str) -> None:
+        """Revoke the tokens that start with this prefix"""
+        if revoke_token(prefix) == 0:
+            raise NotFound(f"no active token with prefix {prefix!r}", {"prefix": prefix})

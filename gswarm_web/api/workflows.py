@@ -1,0 +1,182 @@
+"""`/workflows`: submit YAML or JSON, inspect steps and the graph, cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import marshmallow as ma
+from flask import request
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from gswarm_tasks.errors import InvalidRequest, NotFound
+
+from ..extensions import db
+from ..tables import TaskRecord, WorkflowRun
+from ..workflows.cancel import cancel_workflow
+from ..workflows.compiler import segments
+from ..workflows.spec import load_document, validate
+from ..workflows.submit import submit
+from .pagination import PageArgsSchema, PageSchema, page_of
+
+blp = Blueprint("workflows", __name__, url_prefix="/api/v1", description="Workflows: YAML DAGs run by the fleet")
+
+STATES = ("running", "succeeded", "failed", "cancelled")
+STEP_STATUSES = ("pending", "queued", "running", "succeeded", "failed", "cancelled", "skipped")
+
+
+class StepSchema(ma.Schema):
+    action_id = ma.fields.String(attribute="step_id")
+    action_type = ma.fields.String(attribute="kind")
+    task_id = ma.fields.String(attribute="id")
+    status = ma.fields.String(attribute="state", metadata={"enum": list(STEP_STATUSES)})
+    node = ma.fields.String(allow_none=True)
+    device = ma.fields.String(allow_none=True)
+    priority = ma.fields.String()
+    dependencies = ma.fields.List(ma.fields.String(), attribute="depends_on")
+    chain = ma.fields.Integer(attribute="segment")
+    attempts = ma.fields.Integer()
+    started_at = ma.fields.DateTime(allow_none=True)
+    finished_at = ma.fields.DateTime(allow_none=True)
+    outputs = ma.fields.Dict(allow_none=True)
+    error = ma.fields.Dict(allow_none=True)
+
+
+class WorkflowSchema(ma.Schema):
+    id = ma.fields.String()
+    name = ma.fields.String()
+    description = ma.fields.String(allow_none=True)
+    status = ma.fields.String()
+    fail_fast = ma.fields.Boolean()
+    queue_config = ma.fields.Dict()
+    error = ma.fields.Dict(allow_none=True)
+    created_at = ma.fields.DateTime()
+    started_at = ma.fields.DateTime(allow_none=True)
+    finished_at = ma.fields.DateTime(allow_none=True)
+    step_counts = ma.fields.Method("get_counts")
+
+    def get_counts(self, run: WorkflowRun) -> dict[str, int]:
+        rows = db.session.execute(
+            db.select(TaskRecord.state, db.func.count())
+            .where(TaskRecord.workflow_id == run.id)
+            .group_by(TaskRecord.state)
+        )
+        return {status: int(n) for status, n in rows}
+
+
+class WorkflowDetailSchema(WorkflowSchema):
+    steps = ma.fields.Method("get_steps")
+
+    def get_steps(self, run: WorkflowRun) -> list[dict[str, Any]]:
+        rows = db.session.scalars(
+            db.select(TaskRecord)
+            .where(TaskRecord.workflow_id == run.id)
+            .order_by(TaskRecord.segment, TaskRecord.position)
+        )
+        return StepSchema(many=True).dump(list(rows))
+
+
+class WorkflowListArgsSchema(PageArgsSchema):
+    status = ma.fields.String(validate=ma.validate.OneOf(STATES))
+    name = ma.fields.String()
+
+
+class WorkflowListSchema(PageSchema):
+    workflows = ma.fields.List(ma.fields.Nested(WorkflowSchema))
+
+
+def read_document() -> dict[str, Any]:
+    """The workflow from the body: YAML or JSON, or a multipart `file`."""
+    if request.files:
+        f = request.files.get("file")
+        if f is None:
+            raise InvalidRequest("file: a multipart upload needs a `file` part", {"field": "file"})
+        return load_document(f.read())
+    data = request.get_data()
+    if not data:
+        raise InvalidRequest("document: the request has no body (send YAML or JSON)", {"field": "document"})
+    return load_document(data)
+
+
+def get_run(workflow_id: str) -> WorkflowRun:
+    run = db.session.get(WorkflowRun, workflow_id)
+    if run is None:
+        raise NotFound(f"no workflow {workflow_id!r}", {"workflow_id": workflow_id})
+    return run
+
+
+@blp.route("/workflows")
+class Workflows(MethodView):
+    @blp.arguments(WorkflowListArgsSchema, location="query")
+    @blp.response(200, WorkflowListSchema)
+    def get(self, args: dict[str, Any]) -> dict[str, Any]:
+        """List workflows"""
+        query = db.select(WorkflowRun).order_by(WorkflowRun.created_at.desc())
+        if "status" in args:
+            query = query.where(WorkflowRun.status == args["status"])
+        if "name" in args:
+            query = query.where(WorkflowRun.name == args["name"])
+        return page_of("workflows", query, args)
+
+    @blp.response(201, WorkflowSchema)
+    @blp.doc(
+        requestBody={
+            "content": {
+                "application/yaml": {"schema": {"type": "string"}},
+                "application/json": {"schema": {"type": "object"}},
+                "multipart/form-data": {
+                    "schema": {"type": "object", "properties": {"file": {"type": "string", "format": "binary"}}}
+                },
+            }
+        }
+    )
+    def post(self) -> WorkflowRun:
+        """Submit a workflow (YAML, JSON or a multipart `file`); 422 names the action and field"""
+        return submit(read_document())
+
+
+@blp.route("/workflows/validate")
+class WorkflowValidate(MethodView):
+    @blp.response(200)
+    def post(self) -> dict[str, Any]:
+        """Validate a workflow without running it"""
+        wf = validate(read_document())
+        return {"valid": True, "name": wf.name, "actions": len(wf.actions), "chains": len(segments(wf))}
+
+
+@blp.route("/workflows/<string:workflow_id>")
+class WorkflowById(MethodView):
+    @blp.response(200, WorkflowDetailSchema)
+    def get(self, workflow_id: str) -> WorkflowRun:
+        """A workflow with every step: status, node, device, attempts, times, outputs, error"""
+        return get_run(workflow_id)
+
+
+@blp.route("/workflows/<string:workflow_id>/graph")
+class WorkflowGraph(MethodView):
+    @blp.response(200)
+    def get(self, workflow_id: str) -> dict[str, Any]:
+        """Nodes and edges with their statuses, for drawing"""
+        run = get_run(workflow_id)
+        steps = list(db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id)))
+        nodes = [
+            {"id": s.step_id, "type": s.kind, "status": s.state, "node": s.node, "device": s.device, "chain": s.segment}
+            for s in steps
+        ]
+        edges = [{"from": d, "to": s.step_id} for s in steps for d in (s.depends_on or [])]
+        return {"workflow_id": run.id, "status": run.status, "nodes": nodes, "edges": edges}
+
+
+@blp.route("/workflows/<string:workflow_id>/cancel")
+class WorkflowCancel(MethodView):
+    @blp.response(200, WorkflowSchema)
+    def post(self, workflow_id: str) -> WorkflowRun:
+        """Cancel: pending steps never start, running ones are stopped"""
+        run = db.session.get(WorkflowRun, workflow_id, with_for_update=True)
+        if run is None:
+            raise NotFound(f"no workflow {workflow_id!r}", {"workflow_id": workflow_id})
+        if run.status != "running":
+            raise InvalidRequest(f"workflow {workflow_id} is already {run.status}", {"status": run.status})
+        cancel_workflow(run, reason="cancelled by request")
+        db.session.commit()
+        return run

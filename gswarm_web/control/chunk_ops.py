@@ -1,0 +1,154 @@
+"""What a user asks of the data pool: create a chunk (stored once per device), copy or move it, delete it, pin it.
+
+Each command records its chunk rows and operations and sends them; the chunk's locations change only when the
+nodes report (`chunk_state`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+from gswarm_tasks import names
+from gswarm_tasks.devices import Device
+from gswarm_tasks.errors import Conflict, NotFound, ResourceUnavailable
+
+from ..extensions import db
+from ..tables import ChunkLocation, ChunkRef, DataChunk, TaskRecord
+from .chunk_state import delete_copy, expected_of, holders, source_of, usable_locations
+from .dispatch import ACTIVE, dispatch, record, require_node, send_recorded
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def stored_copy(checksum: str, device: Device) -> DataChunk | None:
+    """A chunk with these bytes already available on `device`."""
+    return db.session.scalar(
+        db.select(DataChunk)
+        .join(ChunkLocation)
+        .where(DataChunk.checksum == checksum, ChunkLocation.device == str(device), ChunkLocation.status == "available")
+    )
+
+
+def create(device: Device, kwargs: dict[str, Any], fields: dict[str, Any]) -> SimpleNamespace:
+    """Record a chunk (`queued`) and send its create to `device`'s node, in one transaction.
+
+    The answer is built from what was written, so nothing is read back (this takes small chunks by the thousand).
+    """
+    row = {"id": str(uuid.uuid4()), "status": "queued", "created_at": now(), **fields}
+    db.session.add(DataChunk(**row, locations=[], refs=[]))
+    rec = record(
+        "data_create",
+        str(device.node),
+        names.DATA_CREATE,
+        {"chunk_id": row["id"], "tier": device.tier, **kwargs},
+        target=str(device),
+        extra_params={"chunk_id": row["id"]},
+    )
+    task_id = rec.id
+    db.session.commit()
+    send_recorded()
+    return SimpleNamespace(
+        **row,
+        size=None,
+        blake3=None,
+        status_message=None,
+        last_accessed=None,
+        access_count=0,
+        locations=[],
+        refs=[],
+        task_id=task_id,
+        deduplicated=False,
+    )
+
+
+def _under_way(chunk: DataChunk, target: Device) -> TaskRecord | None:
+    busy = db.session.scalars(
+        db.select(TaskRecord).where(
+            TaskRecord.kind.in_(("data_move", "data_transfer")),
+            TaskRecord.state.in_(ACTIVE),
+            TaskRecord.target_device == str(target),
+        )
+    )
+    return next((rec for rec in busy if (rec.params or {}).get("chunk_id") == chunk.id), None)
+
+
+def copy(chunk: DataChunk, target: Device, kind: str, priority: str, delete_source: bool) -> tuple[dict[str, Any], int]:
+    """Send one verified copy of `chunk` to `target` (a move when `kind` is data_move); idempotent while the same
+    copy is under way, and a no-op when the copy exists."""
+    if chunk.status != "available":
+        raise Conflict(f"chunk {chunk.id} is {chunk.status}", {"chunk_id": chunk.id, "status": chunk.status})
+    answer: dict[str, Any] = {"chunk_id": chunk.id, "target_device": str(target), "noop": False}
+    if any(loc.device == str(target) and loc.status == "available" for loc in chunk.locations):
+        return {**answer, "task_id": None, "noop": True}, 200
+    require_node(str(target.node), "target_device")
+    running = _under_way(chunk, target)
+    if running is not None:
+        return {**answer, "task_id": running.id, "source_device": running.source_device}, 202
+    locs = usable_locations(chunk, prefer_node=str(target.node))
+    if kind == "data_move":
+        locs = [loc for loc in locs if loc.node == target.node]
+    if not locs:
+        where = f"on {target.node}" if kind == "data_move" else "on a reachable node"
+        raise ResourceUnavailable(f"chunk {chunk.id} has no available copy {where}", {"chunk_id": chunk.id})
+    src = locs[0]
+    kwargs = {
+        "chunk_id": chunk.id,
+        "tier": target.tier,
+        "source": source_of(chunk, src, str(target.node)),
+        "expected": expected_of(chunk),
+        "remove_source": kind == "data_move" or (delete_source and src.node == target.node),
+    }
+    rec = dispatch(
+        kind,
+        str(target.node),
+        names.DATA_COPY,
+        kwargs,
+        priority,
+        source=src.device,
+        target=str(target),
+        extra_params={"chunk_id": chunk.id, "delete_source": delete_source},
+    )
+    return {**answer, "task_id": rec.id, "source_device": src.device}, 202
+
+
+def delete(chunk: DataChunk, force: bool) -> list[str]:
+    """Delete a chunk and every copy (refused while someone holds it, unless `force`); the ids of the removals."""
+    held = holders(chunk)
+    if held and not force:
+        raise Conflict(
+            f"chunk {chunk.id} is referenced by {', '.join(held)}; unpin it, wait, or pass force=true",
+            {"chunk_id": chunk.id, "references": held},
+        )
+    if not chunk.locations:
+        if chunk.status == "queued":  # its create is under way: the copy it makes is removed when it lands
+            chunk.status, chunk.status_message = "deleting", "deleted while being created"
+        else:
+            db.session.delete(chunk)
+        db.session.commit()
+        return []
+    chunk.status = "deleting"
+    chunk.refs.clear()
+    tasks = [delete_copy(chunk.id, loc.device).id for loc in list(chunk.locations)]
+    db.session.commit()
+    send_recorded()
+    return tasks
+
+
+def pin(chunk: DataChunk, holder: str) -> None:
+    key = f"pin:{holder}"
+    if db.session.get(ChunkRef, (chunk.id, key)) is None:
+        chunk.refs.append(ChunkRef(chunk_id=chunk.id, holder=key, kind="pin"))
+        db.session.commit()
+
+
+def unpin(chunk: DataChunk, holder: str) -> None:
+    ref = db.session.get(ChunkRef, (chunk.id, f"pin:{holder}"))
+    if ref is None:
+        raise NotFound(f"chunk {chunk.id} has no pin {holder!r}", {"chunk_id": chunk.id, "holder": holder})
+    chunk.refs.remove(ref)
+    db.session.commit()

@@ -1,0 +1,111 @@
+"""The frames consumer: reads every node's frame stream through one consumer group and keeps each node's newest
+frame (for `/metrics`, the dashboard and liveness); sessions read their windows from the streams themselves."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import redis
+
+from gswarm_tasks import names
+
+log = logging.getLogger(__name__)
+
+
+class FramesConsumer:
+    """Reads every node's frame stream through one consumer group; keeps each node's newest frame.
+
+    Streams are found by name (`gswarm:frames:*`) every few seconds, so a new node needs no restart.
+    """
+
+    def __init__(self, client: redis.Redis, consumer: str, batch: int = 5000, block_ms: int = 500) -> None:
+        self.client = client
+        self.consumer = consumer
+        self.batch = batch
+        self.block_ms = block_ms
+        self.streams: dict[Any, Any] = {}
+        self._next_scan = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.frames = 0
+
+    def discover(self) -> None:
+        for key in self.client.scan_iter(match=names.frames_stream("*"), count=1000):
+            name = key.decode() if isinstance(key, bytes) else key
+            if name not in self.streams:
+                try:
+                    self.client.xgroup_create(name, names.CONTROL_GROUP, id="$", mkstream=True)
+                except redis.ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
+                self.streams[name] = ">"
+        self._next_scan = time.monotonic() + 5.0
+
+    def poll_once(self, block_ms: int | None = None) -> int:
+        if time.monotonic() >= self._next_scan:
+            self.discover()
+        if not self.streams:
+            self._stop.wait(0.5)
+            return 0
+        res: Any = self.client.xreadgroup(
+            names.CONTROL_GROUP,
+            self.consumer,
+            self.streams,
+            count=self.batch,
+            block=self.block_ms if block_ms is None else block_ms,
+        )
+        if not res:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        n = 0
+        for stream, entries in res:
+            if not entries:
+                continue
+            newest = entries[-1][1].get(b"data")
+            node = names.node_of_frames_stream(stream.decode() if isinstance(stream, bytes) else stream)
+            if newest is not None:
+                pipe.hset(names.METRICS_LATEST_KEY, node, newest)
+            pipe.xack(stream, names.CONTROL_GROUP, *[eid for eid, _ in entries])
+            n += len(entries)
+        pipe.hset(names.METRICS_SEEN_KEY, names.CONTROL_GROUP, time.time())
+        pipe.execute()
+        self.frames += n
+        return n
+
+    def run(self) -> None:
+        failing = False
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+                failing = False
+            except Exception as exc:
+                if not failing:
+                    log.warning("frames consumer failing, will retry: %s", exc)
+                failing = True
+                self.streams.clear()
+                self._stop.wait(1.0)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="gswarm-frames", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=3)
+
+
+def frames_consumer(redis_url: str, consumer: str | None = None) -> FramesConsumer:
+    client = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
+    return FramesConsumer(client, consumer or f"frames-{os.getpid()}")
+
+
+def latest_frames(client: redis.Redis) -> dict[str, dict[str, Any]]:
+    """Each node's newest frame."""
+    raw: Any = client.hgetall(names.METRICS_LATEST_KEY)
+    return {k.decode(): json.loads(v) for k, v in raw.items()}

@@ -1,0 +1,109 @@
+"""Operations' state (`/queue/tasks`): a task row follows its node's reports, in order, and a terminal status is
+final; what a finished operation means is handed to the bookkeeping of its resource."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+from gswarm_tasks import names
+from gswarm_tasks.errors import InvalidRequest
+
+from ..extensions import db, redis_client, sender
+from ..tables import TaskRecord
+from . import chunk_state, model_state, service_state
+from .dispatch import ACTIVE, TERMINAL
+from .report import Report
+
+log = logging.getLogger(__name__)
+
+DATA_KINDS = ("data_create", "data_move", "data_transfer", "data_delete")
+SERVICE_KINDS = ("serve", "stop_serve")
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def record_result(rec: TaskRecord, data: dict[str, Any]) -> None:
+    """What a finished operation changes, by its kind: model copies, services, chunks (also for workflow steps)."""
+    if rec.kind in model_state.MODEL_KINDS:
+        model_state.on_succeeded(rec, data)
+    elif rec.kind in SERVICE_KINDS:
+        service_state.on_succeeded(rec, data)
+    elif rec.kind in DATA_KINDS:
+        chunk_state.record_data_result(rec, data)
+
+
+def record_failure(rec: TaskRecord) -> None:
+    if rec.kind in DATA_KINDS:
+        chunk_state.on_data_failure(rec)
+    elif rec.kind in SERVICE_KINDS:
+        service_state.on_failed(rec)
+    else:
+        model_state.on_failed(rec)
+
+
+def apply(rec: TaskRecord, event: str, data: dict[str, Any]) -> None:
+    """One report about one operation. Reports may come twice; none moves a terminal status."""
+    # Only a success may follow an end: a task whose process died is reported failed by its worker's hook and may
+    # succeed when redelivered, and an operation cancelled too late made its copy, which exists, so it counts.
+    if rec.state in TERMINAL and (event != "succeeded" or rec.state == "succeeded"):
+        return
+    if event == "started":
+        rec.state = "running"
+        rec.started_at = rec.started_at or now()
+        rec.attempts = max(rec.attempts or 0, int(data.get("attempt") or (rec.attempts or 0) + 1))
+    elif event == "phase":
+        if rec.state == "queued":
+            rec.state, rec.started_at = "running", now()
+        model_state.on_phase(rec, str(data.get("phase")))
+    elif event == "retrying":
+        rec.error = data.get("error")
+    elif event == "succeeded":
+        rec.state, rec.finished_at, rec.error = "succeeded", now(), None
+        rec.started_at = rec.started_at or rec.finished_at
+        rec.result = {k: v for k, v in data.items() if k != "manifest"}
+        record_result(rec, data)
+    elif event == "failed":
+        rec.state, rec.finished_at = "failed", now()
+        rec.error = data.get("error") or {"code": "TASK_FAILED", "message": "failed", "details": {}}
+        record_failure(rec)
+
+
+def apply_reports(reports: list[Report]) -> None:
+    """A batch of operation reports, each operation's in the order its node sent them (one transaction)."""
+    by_op: dict[str, list[Report]] = defaultdict(list)
+    for r in reports:
+        by_op[r.id].append(r)
+    rows = db.session.scalars(
+        db.select(TaskRecord)
+        .where(TaskRecord.id.in_(list(by_op)))
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    recs = {rec.id: rec for rec in rows}
+    for op_id, events in by_op.items():
+        rec = recs.get(op_id)
+        if rec is None:
+            log.warning("%d report(s) for unknown task %s", len(events), op_id)
+            continue
+        for r in events:
+            apply(rec, r.event, r.data)
+
+
+def cancel(rec: TaskRecord) -> None:
+    """Cancel a standalone operation: marked in Redis (a step that checks stops), revoked, recorded (commits)."""
+    if rec.state not in ACTIVE:
+        raise InvalidRequest(f"task {rec.id} is already {rec.state}", {"status": rec.state})
+    redis_client().set(names.cancel_task_key(rec.id), "cancelled", ex=names.KEEP_S)
+    try:
+        sender().control.revoke(rec.id, terminate=True, signal="SIGTERM")
+    except Exception as exc:
+        log.warning("revoke of %s failed: %s", rec.id, exc)
+    rec.state, rec.finished_at = "cancelled", now()
+    if rec.model_name:
+        model_state.on_cancelled(rec)
+    db.session.commit()

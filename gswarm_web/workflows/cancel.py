@@ -1,0 +1,66 @@
+"""Cancelling a workflow or one of its steps: pending steps never start, running ones are stopped, dependents are
+skipped. The mark lives in Redis, so it survives restarts and stops a step that was already sent."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from gswarm_tasks import names
+from gswarm_tasks.errors import InvalidRequest
+
+from ..extensions import db, redis_client, sender
+from ..tables import TaskRecord, WorkflowRun
+from .dispatcher import advance, send
+
+log = logging.getLogger(__name__)
+
+LIVE = ("pending", "queued", "running")
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _revoke(task_ids: list[str]) -> None:
+    if task_ids:
+        try:
+            sender().control.revoke(task_ids, terminate=True, signal="SIGTERM")
+        except Exception as exc:  # the Redis mark still stops them
+            log.warning("revoke of %d step(s) failed: %s", len(task_ids), exc)
+
+
+def cancel_workflow(run: WorkflowRun, steps: dict[str, TaskRecord] | None = None, reason: str = "cancelled") -> None:
+    """Cancel every step that has not ended (the caller commits)."""
+    redis_client().set(names.cancel_workflow_key(run.id), reason, ex=names.KEEP_S)
+    if steps is None:
+        steps = {s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id))}
+    running = []
+    for s in steps.values():
+        if s.state in LIVE:
+            if s.state in ("queued", "running"):
+                running.append(s.id)
+            s.state, s.finished_at = "cancelled", now()
+    _revoke(running)
+    if run.status == "running":
+        run.status, run.finished_at = "cancelled", now()
+        run.error = {"code": "CONFLICT", "message": reason, "details": {}}
+
+
+def cancel_step(rec: TaskRecord) -> None:
+    """Cancel one step: its dependents are skipped, the rest of the workflow goes on (commits)."""
+    # Lock order as in the intake (workflow row, then its steps), or the two deadlock.
+    run = db.session.get(WorkflowRun, rec.workflow_id, with_for_update=True)
+    db.session.refresh(rec)
+    if rec.state not in LIVE:
+        raise InvalidRequest(f"task {rec.id} is already {rec.state}", {"status": rec.state})
+    redis_client().set(names.cancel_task_key(rec.id), "cancelled", ex=names.KEEP_S)
+    if rec.state in ("queued", "running"):
+        _revoke([rec.id])
+    rec.state, rec.finished_at = "cancelled", now()
+    sends = []
+    if run is not None:
+        steps = {s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id))}
+        sends = advance(run, steps)
+    db.session.commit()
+    send(sends)

@@ -1,0 +1,152 @@
+"""The workflow dispatcher: decides which chains may start (their first step's dependencies are done, the
+workflow's concurrency limit allows), skips what can no longer run, ends the workflow, and sends chains.
+
+Sending is an outbox: a step is marked `queued` in the transaction that decides to send it, and `dispatched`
+once the broker took it, so a crash in between is repaired by `resend_undispatched` (the beat sweep).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from celery import chain
+
+from gswarm_tasks import names
+from gswarm_tasks.celery_app import priority_value
+
+from ..extensions import db, redis_client, sender
+from ..tables import TaskRecord, WorkflowRun
+
+TERMINAL = ("succeeded", "failed", "cancelled", "skipped")
+BAD = ("failed", "cancelled", "skipped")
+Sends = list[tuple[str, list[Any]]]
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _spec(run_id: str, step: Any) -> dict[str, Any]:
+    p = dict(step.params)
+    return {
+        "task_id": step.id,
+        "workflow_id": run_id,
+        "step_id": step.step_id,
+        "action_type": step.kind,
+        "params": p["params"],
+        "retries": p.get("retries", 0),
+        "retry_backoff": p.get("retry_backoff", 1.0),
+        "exclusive": step.exclusive or [],
+        "service_id": p.get("service_id"),
+        "source": p.get("source"),
+        "trust_remote_code": p.get("trust_remote_code", False),
+        "chunk_id": p.get("chunk_id"),
+        "chunks": p.get("chunks"),
+    }
+
+
+def _signature(app: Any, run_id: str, step: Any) -> Any:
+    opts: dict[str, Any] = {
+        "queue": step.node,
+        "routing_key": step.node,
+        "task_id": step.id,
+        "priority": priority_value(step.priority),
+    }
+    timeout = step.params.get("timeout_s")
+    if timeout:
+        opts.update(soft_time_limit=float(timeout), time_limit=float(timeout) + 10)
+    # The message carries ids only; the step's full spec waits in Redis (a chain message carries every later
+    # signature of the chain, so small ones keep a long chain from costing O(n^2) in serialization).
+    ref = {"task_id": step.id, "workflow_id": run_id, "step_id": step.step_id}
+    return app.signature(names.WORKFLOW_STEP, args=(ref,), immutable=True, **opts)
+
+
+def advance(run: WorkflowRun, steps: dict[str, Any]) -> Sends:
+    """Skip what can no longer run, pick the chains that may start now, and end the workflow when it is done.
+
+    Returns the chains to send (after the caller commits)."""
+    by_step = {s.step_id: s for s in steps.values()}
+    changed = True
+    while changed:  # skipping propagates down the DAG
+        changed = False
+        for s in steps.values():
+            # A queued step behind a failed one in its chain never runs either: Celery stops the chain.
+            if s.state in ("pending", "queued") and any(by_step[d].state in BAD for d in s.depends_on or []):
+                s.state, s.finished_at = "skipped", now()
+                changed = True
+    sends: Sends = []
+    if run.status == "running":
+        by_segment: dict[int, list[Any]] = defaultdict(list)
+        for s in steps.values():
+            by_segment[int(s.segment or 0)].append(s)
+        limit = int((run.queue_config or {}).get("max_concurrent_tasks") or 0)
+        active = sum(1 for seg in by_segment.values() if any(x.state in ("queued", "running") for x in seg))
+        for seg_no in sorted(by_segment):
+            seg = sorted(by_segment[seg_no], key=lambda x: x.position or 0)
+            head = seg[0]
+            if head.state != "pending" or any(by_step[d].state != "succeeded" for d in head.depends_on or []):
+                continue
+            if limit and active >= limit:
+                break
+            for s in seg:
+                s.state = "queued"
+            sends.append((run.id, seg))
+            active += 1
+    states = {s.state for s in steps.values()}
+    if run.status == "running" and states <= set(TERMINAL):
+        if states == {"succeeded"}:
+            run.status = "succeeded"
+        elif "failed" in states or "cancelled" not in states:
+            run.status = "failed"
+        else:
+            run.status = "cancelled"  # a step was cancelled and none failed
+        run.finished_at = now()
+    return sends
+
+
+def send(sends: Sends) -> None:
+    if not sends:
+        return
+    app = sender()
+    sent: list[str] = []
+    pipe = redis_client().pipeline(transaction=False)
+    for run_id, seg in sends:
+        for s in seg:
+            pipe.hset(names.workflow_specs_key(run_id), s.id, json.dumps(_spec(run_id, s)))
+        pipe.expire(names.workflow_specs_key(run_id), names.KEEP_S)
+    pipe.execute()
+    try:
+        with app.producer_or_acquire() as producer:
+            for run_id, seg in sends:
+                sigs = [_signature(app, run_id, s) for s in seg]
+                canvas = sigs[0] if len(sigs) == 1 else chain(*sigs, app=app)
+                canvas.apply_async(producer=producer)
+                sent.extend(s.id for s in seg)
+    finally:
+        if sent:
+            db.session.execute(db.update(TaskRecord).where(TaskRecord.id.in_(sent)).values(dispatched=True))
+            db.session.commit()
+
+
+def resend_undispatched(older_than_s: float = 5.0) -> int:
+    """Send again what was decided but never reached the broker (a crash between commit and send)."""
+    cutoff = now() - timedelta(seconds=older_than_s)
+    rows = list(
+        db.session.scalars(
+            db.select(TaskRecord).where(
+                TaskRecord.workflow_id.is_not(None),
+                TaskRecord.state == "queued",
+                TaskRecord.dispatched.is_(False),
+                TaskRecord.created_at < cutoff,
+            )
+        )
+    )
+    by_seg: dict[tuple[str, int], list[TaskRecord]] = defaultdict(list)
+    for r in rows:
+        by_seg[(str(r.workflow_id), int(r.segment or 0))].append(r)
+    sends = [(wf, sorted(seg, key=lambda x: x.position or 0)) for (wf, _), seg in by_seg.items()]
+    send(sends)
+    return len(rows)

@@ -1,0 +1,212 @@
+"""Submitting a workflow: validate it, check it against the fleet, persist every step (one bulk insert), and
+send the chains that have nothing to wait for. Nothing is created when anything is refused."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+from gswarm_tasks import names
+from gswarm_tasks.devices import Device
+from gswarm_tasks.errors import InvalidRequest, NotFound
+from gswarm_tasks.sources import parse_source
+from gswarm_tasks.storage import prefix as storage_prefix
+
+from ..control.dispatch import peer_source
+from ..extensions import db, settings
+from ..tables import Model, Node, Service, TaskRecord, WorkflowRun
+from .compiler import segments, step_device, step_queue
+from .data import prepare_data
+from .dispatcher import advance, send
+from .spec import Workflow, validate
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def submit(doc: dict[str, Any]) -> WorkflowRun:
+    """Validate, check against the fleet, persist, and start; nothing is created when anything is refused."""
+    wf = validate(doc, settings().task_timeout_s)
+    nodes = {n.name: n for n in db.session.scalars(db.select(Node))}
+    for a in wf.actions:
+        q = step_queue(a)
+        if q != names.CONTROL_QUEUE and q not in nodes:
+            where = (
+                "node"
+                if a.node == q and not step_device(a)
+                else next((k for k in ("target_device", "device", "source_device") if k in a.params), "node")
+            )
+            raise NotFound(
+                f"actions[{a.id}].{where}: node {q!r} is not registered",
+                {"field": f"actions[{a.id}].{where}", "node": q},
+            )
+    run = WorkflowRun(
+        id=str(uuid.uuid4()),
+        name=wf.name,
+        description=wf.description,
+        status="running",
+        fail_fast=wf.fail_fast,
+        queue_config=wf.queue_config,
+        document=doc,
+        started_at=now(),
+    )
+    db.session.add(run)
+    _register_models(wf)
+    data_extra = prepare_data(run, wf)
+    rows = _step_rows(run, wf, nodes, data_extra)
+    views = {r["id"]: _RowView(r) for r in rows}
+    sends = advance(run, views)  # decides the first chains before the rows are written: one insert, no updates
+    for r in rows:
+        r["state"] = views[r["id"]].state
+    db.session.execute(db.insert(TaskRecord), rows)
+    db.session.commit()
+    send(sends)
+    return run
+
+
+class _RowView:
+    """A dict-backed stand-in for a TaskRecord during submission (rows were bulk-inserted)."""
+
+    id: str
+    state: str
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        self.__dict__.update(row)
+
+
+def _register_models(wf: Workflow) -> None:
+    known = {m.name for m in db.session.scalars(db.select(Model))}
+    for a in wf.actions:
+        name = a.params.get("model_name")
+        if a.type not in ("download", "move", "copy", "delete", "serve", "stop_serve") or not isinstance(name, str):
+            continue
+        if name in known:
+            continue
+        if a.type == "download":
+            if not a.params.get("source_url"):
+                raise InvalidRequest(
+                    f"actions[{a.id}].source_url: {name} is not registered, so the download needs a source_url",
+                    {"field": f"actions[{a.id}].source_url"},
+                )
+            parse_source(a.params["source_url"], settings().allowed_roots, f"actions[{a.id}].source_url")
+            db.session.add(
+                Model(
+                    name=name,
+                    model_type=str(a.params.get("model_type") or "unknown"),
+                    source_url=a.params["source_url"],
+                    locations=[],
+                )
+            )
+            known.add(name)
+        elif not any(b.type == "download" and b.params.get("model_name") == name for b in wf.actions):
+            raise InvalidRequest(
+                f"actions[{a.id}].model_name: {name} is not registered", {"field": f"actions[{a.id}].model_name"}
+            )
+    db.session.flush()
+
+
+def _fanout(wf: Workflow, segs: list[list[Any]]) -> dict[str, list[str]]:
+    """Per action, the dependents that start chains of their own (the dispatcher must look at them)."""
+    seg_of = {a.id: n for n, seg in enumerate(segs) for a in seg}
+    fanout: dict[str, list[str]] = defaultdict(list)
+    for a in wf.actions:
+        for d in a.deps:
+            if seg_of[d] != seg_of[a.id]:
+                fanout[d].append(a.id)
+    return fanout
+
+
+def _service_row(model: Model, params: dict[str, Any]) -> str:
+    """The service a serve step starts, `pending` until the step runs; returns its id."""
+    sid = str(uuid.uuid4())
+    dev = Device.parse(params["device"])
+    config = params.get("config") or {}
+    db.session.add(
+        Service(
+            id=sid,
+            model_id=model.id,
+            node=str(dev.node),
+            device=str(dev),
+            port=params.get("port"),
+            backend=str(config.get("backend", "builtin")),
+            config=config,
+            status="pending",
+        )
+    )
+    return sid
+
+
+def _step_params(
+    a: Any, models: dict[str, Model], nodes: dict[str, Node], data_extra: dict[str, Any], ttl: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the action's parameters as its step runs them, what the step needs besides: service, source, chunks)."""
+    params = dict(a.params)
+    model_name = params.get("model_name") if isinstance(params.get("model_name"), str) else None
+    if a.type == "download" and not params.get("source_url") and model_name in models:
+        params["source_url"] = models[model_name].source_url
+    extra: dict[str, Any] = dict(data_extra.get(a.id) or {})
+    params.update(extra.pop("params", {}))
+    if a.type == "serve" and model_name in models:
+        model = models[model_name]
+        extra.update(service_id=_service_row(model, params), trust_remote_code=model.trust_remote_code)
+    if a.type in ("copy", "move") and "${" not in str(params.get("source_device")):
+        src, dst = Device.parse(params["source_device"]), Device.parse(params["target_device"])
+        if a.type == "copy" or src.node != dst.node:
+            extra["source"] = _source(nodes, src, str(dst.node), str(model_name), ttl)
+    return params, extra
+
+
+def _step_rows(
+    run: WorkflowRun, wf: Workflow, nodes: dict[str, Node], data_extra: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    s = settings()
+    models = {m.name: m for m in db.session.scalars(db.select(Model))}
+    ttl = min(24 * 3600, s.transfer_token_ttl_s + sum(a.timeout_s or s.task_timeout_s for a in wf.actions))
+    segs = segments(wf)
+    fanout = _fanout(wf, segs)
+    rows = []
+    for seg_no, seg in enumerate(segs):
+        for pos, a in enumerate(seg):
+            params, extra = _step_params(a, models, nodes, data_extra, ttl)
+            rows.append(
+                {
+                    "id": str(uuid.uuid4()),
+                    "kind": a.type,
+                    "state": "pending",
+                    "node": step_queue(a),
+                    "priority": a.priority,
+                    "model_name": params.get("model_name") if isinstance(params.get("model_name"), str) else None,
+                    "service_id": extra.get("service_id"),
+                    "source_device": params.get("source_device"),
+                    "target_device": params.get("target_device"),
+                    "device": step_device(a),
+                    "params": {
+                        "params": params,
+                        "retries": a.retries,
+                        "retry_backoff": a.retry_backoff,
+                        "timeout_s": a.timeout_s,
+                        "fanout": fanout.get(a.id, []),
+                        "tail": pos == len(seg) - 1,
+                        **extra,
+                    },
+                    "workflow_id": run.id,
+                    "step_id": a.id,
+                    "depends_on": a.deps,
+                    "segment": seg_no,
+                    "position": pos,
+                    "exclusive": a.exclusive,
+                    "attempts": 0,
+                    "dispatched": False,
+                    "created_at": now(),
+                }
+            )
+    return rows
+
+
+def _source(nodes: dict[str, Node], src: Device, dest_node: str, model: str, ttl: float) -> dict[str, Any]:
+    if src.node == dest_node:
+        return {"node": src.node, "tier": src.tier}
+    return peer_source(nodes[str(src.node)], src.tier, storage_prefix(src.tier, "models", model), ttl)
