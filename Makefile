@@ -53,6 +53,7 @@ lint: dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check gswarm_tasks gswarm_web tests bench migrations
 	$(BIN)/mypy gswarm_tasks gswarm_web
+	$(BIN)/lint-imports --no-cache
 
 bench: dev services
 	$(BIN)/python bench/heartbeat.py

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from celery import chain, group  # noqa: E402
 
+from gswarm_tasks import names  # noqa: E402
 from gswarm_tasks.celery_app import make_celery  # noqa: E402
 from tests.integration.fleet import Fleet  # noqa: E402
 from tests.integration.procs import wait_for  # noqa: E402
@@ -64,7 +65,7 @@ def main() -> int:
         fleet.start("control", "control", app_module="gswarm_web.celery_app")
         fleet.start_node("node1")
         app = make_celery(fleet.settings)
-        ping = app.signature("gswarm.node.ping", queue="node1", routing_key="node1", immutable=True)
+        ping = app.signature(names.NODE_PING, queue="node1", routing_key="node1", immutable=True)
 
         # warm both paths once
         group(ping.clone() for _ in range(20)).apply_async().get(timeout=60)

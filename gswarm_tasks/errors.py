@@ -83,6 +83,17 @@ class RedeliveryLimitExceeded(TaskFailed):
     """A task message came back more often than the redelivery cap allows."""
 
 
+class ApiError(GswarmError):
+    """An error a gswarm server answered with (seen by a client: the CLI); carries its code, status and request id."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        err: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else {}
+        super().__init__(str(err.get("message") or f"HTTP {status}"), err.get("details") or {})
+        self.code = str(err.get("code") or "INTERNAL")
+        self.status = status
+        self.request_id = err.get("request_id")
+
+
 class VerificationError(TaskFailed):
     """A file's size or checksum does not match its manifest: the bytes are wrong, retrying will not help."""
 

@@ -19,6 +19,7 @@ from . import names
 from .celery_app import settings_of
 from .context import FILE_PORT_FILE, NodeContext, current_node, set_node
 from .devices import NODE_NAME_RE, RESERVED_NODE_NAMES
+from .errors import TaskFailed
 from .heartbeat import Heartbeat, route_address
 from .recovery import restore_orphans
 from .reporting import redis_of, report
@@ -165,7 +166,7 @@ def _on_task_failure(
     """A task that died with its process (worker lost, hard time limit) cannot report itself: report it here."""
     if not isinstance(exception, WorkerLostError | TimeLimitExceeded) or sender is None:
         return
-    error = {"error": {"code": "TASK_FAILED", "message": repr(exception), "details": {}}}
+    error = {"error": TaskFailed(repr(exception)).to_dict()}
     try:
         if sender.name == names.WORKFLOW_STEP:
             ref: dict[str, Any] = (args or [None])[0] or (kwargs or {}).get("spec") or {}

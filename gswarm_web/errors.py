@@ -13,7 +13,7 @@ from flask import Flask, Response, g, jsonify, request
 from flask_smorest import Api
 from werkzeug.exceptions import HTTPException
 
-from gswarm_tasks.errors import ERROR_CODES, GswarmError, error_body
+from gswarm_tasks.errors import ERROR_CODES, GswarmError, InvalidRequest, error_body
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,44 @@ def _group(pairs: list[tuple[str, str]]) -> dict[str, list[str]]:
     return out
 
 
+def _find_nul(value: Any, path: str) -> str | None:
+    """The path of the first string holding a NUL character (no database takes one in a text field)."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if "\x00" in str(k):
+                return f"{path}.{k!r}".lstrip(".")
+            found = _find_nul(v, f"{path}.{k}".lstrip("."))
+            if found:
+                return found
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _find_nul(v, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def refuse_nul_characters() -> None:
+    """A NUL character anywhere in a request (path, query, JSON body) is refused before any view sees it."""
+    where = None
+    if "\x00" in request.path:
+        where = "path"
+    else:
+        for key, value in request.args.items(multi=True):
+            if "\x00" in key or "\x00" in value:
+                where = "query" if "\x00" in key else key
+                break
+    if where is None and request.is_json:
+        where = _find_nul(request.get_json(silent=True), "")
+    if where is not None:
+        raise InvalidRequest(f"{where or 'body'}: a NUL character is not allowed", {"field": where or "body"})
+
+
 def register_error_handlers(app: Flask) -> None:
+    app.before_request(refuse_nul_characters)
+
     @app.errorhandler(GswarmError)
     def _gswarm_error(exc: GswarmError) -> Response:
         if exc.status >= 500 and exc.code == "INTERNAL":

@@ -23,10 +23,15 @@ from gswarm_tasks.transfer.client import files_url
 from ..control import chunk_ops
 from ..control.chunk_state import get_chunk, holders, source_of, touch, usable_locations
 from ..control.dispatch import require_node
-from ..errors import error_response
+from ..errors import ErrorSchema, error_response
 from ..extensions import db, settings
 from ..tables import ChunkLocation, DataChunk
 from .pagination import PageArgsSchema, PageSchema, page_of
+
+CONTENT = {
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+    "application/json": {"schema": {}},
+}
 
 blp = Blueprint("data", __name__, url_prefix="/api/v1", description="The data pool")
 
@@ -195,7 +200,17 @@ class ChunkById(MethodView):
 
 @blp.route("/data/<string:chunk_id>/content")
 class ChunkContent(MethodView):
-    @blp.response(200, headers={"Accept-Ranges": {"schema": {"type": "string"}}})
+    @blp.doc(
+        responses={
+            str(code): {
+                "description": "The chunk's bytes" + (" (a range)" if code == 206 else ""),
+                "headers": {"Accept-Ranges": {"schema": {"type": "string"}}},
+                "content": CONTENT,
+            }
+            for code in (200, 206)
+        }
+    )
+    @blp.alt_response(416, schema=ErrorSchema, description="The range is outside the chunk or malformed")
     def get(self, chunk_id: str) -> Response:
         """The chunk's bytes, streamed from a node that holds it; a single `Range: bytes=a-b` is honoured"""
         chunk = get_chunk(chunk_id)

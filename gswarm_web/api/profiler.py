@@ -19,6 +19,9 @@ from ..extensions import db, redis_client
 from ..plots import render, step_spans
 from ..tables import Node, ProfilerSession, TaskRecord
 
+TEXT = {"text/plain": {"schema": {"type": "string"}}}
+FIGURE = {kind: {"schema": {"type": "string", "format": "binary"}} for kind in ("image/png", "application/pdf")}
+
 blp = Blueprint("profiler", __name__, url_prefix="/api/v1", description="GPU profiling sessions and metrics")
 
 
@@ -167,6 +170,7 @@ class MetricsLatest(MethodView):
 
 @blp.route("/metrics")
 class Metrics(MethodView):
+    @blp.doc(responses={"200": {"description": "Prometheus text exposition format", "content": TEXT}})
     def get(self) -> Response:
         """Prometheus text format; GPU gauges named as NVIDIA's DCGM exporter names them"""
         return Response(prometheus_text(latest_frames(redis_client())), mimetype="text/plain; version=0.0.4")
@@ -179,6 +183,7 @@ class PlotArgsSchema(ma.Schema):
 @blp.route("/profiler/sessions/<string:name>/plot")
 class SessionPlot(MethodView):
     @blp.arguments(PlotArgsSchema, location="query")
+    @blp.doc(responses={"200": {"description": "The figure", "content": FIGURE}})
     def get(self, args: dict[str, Any], name: str) -> Response:
         """Utilization, memory, bandwidth and a heatmap over time, with workflow steps as spans (PNG or PDF)"""
         s = get_session(name)

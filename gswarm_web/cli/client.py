@@ -6,19 +6,8 @@ from typing import Any
 
 import requests
 
-from gswarm_tasks.errors import GswarmError, NetworkError
+from gswarm_tasks.errors import ApiError, NetworkError
 from gswarm_tasks.settings import Settings
-
-
-class ApiError(GswarmError):
-    """An error the server answered with; carries its code and message."""
-
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        err: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else {}
-        super().__init__(str(err.get("message") or f"HTTP {status}"), err.get("details") or {})
-        self.code = str(err.get("code") or "INTERNAL")
-        self.status = status
-        self.request_id = err.get("request_id")
 
 
 class ApiClient:

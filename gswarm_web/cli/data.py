@@ -18,6 +18,7 @@ import requests
 from rich.console import Console
 from rich.table import Column, Table
 
+from gswarm_tasks import names
 from gswarm_tasks.errors import NetworkError
 from gswarm_tasks.settings import load_settings
 
@@ -28,7 +29,6 @@ console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
 TYPES = ("input", "output", "intermediate")
-PRIORITIES = ("critical", "high", "normal", "low")
 TERMINAL = ("succeeded", "failed", "cancelled")
 # what the API adds to a chunk's metadata; the rest is the user's own
 STANDARD_META = ("created_by", "created_at", "last_accessed", "access_count", "checksum", "blake3", "format", "size")
@@ -222,7 +222,7 @@ def _copied(c: ApiClient, chunk_id: str, op: dict[str, Any], kind: str, wait: bo
 @data.command("move")
 @click.argument("chunk_id")
 @click.option("--to", "target", required=True, help="NODE:TIER, or a bare tier (disk, dram) on the chunk's node.")
-@click.option("--priority", type=click.Choice(PRIORITIES), default="normal", show_default=True)
+@click.option("--priority", type=click.Choice(names.PRIORITY_NAMES), default="normal", show_default=True)
 @click.option("--no-wait", is_flag=True, help="Return once the task is queued.")
 def move(chunk_id: str, target: str, priority: str, no_wait: bool) -> None:
     """Move a chunk to another tier of the same node (verified, then the source copy is removed)."""
@@ -235,7 +235,7 @@ def move(chunk_id: str, target: str, priority: str, no_wait: bool) -> None:
 @click.argument("chunk_id")
 @click.option("--to", "target", required=True, help="NODE (its dram) or NODE:TIER.")
 @click.option("--delete-source", is_flag=True, help="Remove the copy it came from afterwards.")
-@click.option("--priority", type=click.Choice(PRIORITIES), default="normal", show_default=True)
+@click.option("--priority", type=click.Choice(names.PRIORITY_NAMES), default="normal", show_default=True)
 @click.option("--no-wait", is_flag=True, help="Return once the task is queued.")
 def transfer(chunk_id: str, target: str, delete_source: bool, priority: str, no_wait: bool) -> None:
     """Copy a chunk to another node, verified before it is recorded."""

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
+from gswarm_tasks import names
 from gswarm_tasks.settings import load_settings
 
 from .client import ApiClient
@@ -129,7 +130,7 @@ def register(name: str, model_type: str, source: str, trust_remote_code: bool, m
 @click.option("--node", default=None)
 @click.option("--source", "--url", "source", default=None, help="Overrides the registered source.")
 @click.option("--type", "model_type", default=None, help="Registers the model first when it is unknown.")
-@click.option("--priority", default="normal", type=click.Choice(["critical", "high", "normal", "low"]))
+@click.option("--priority", default="normal", type=click.Choice(names.PRIORITY_NAMES))
 @click.option("--no-wait", is_flag=True)
 def download(
     name: str, device: str, node: str | None, source: str | None, model_type: str | None, priority: str, no_wait: bool

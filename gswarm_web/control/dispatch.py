@@ -118,7 +118,7 @@ def send_recorded() -> list[TaskRecord]:
         except Exception as exc:
             refused = exc
             rec.state, rec.finished_at = "failed", now()
-            rec.error = {"code": "NETWORK_ERROR", "message": f"broker refused the task: {exc}"[:500], "details": {}}
+            rec.error = NetworkError(f"broker refused the task: {exc}"[:500]).to_dict()
     db.session.commit()
     if refused is not None:
         raise NetworkError(f"the broker refused the task: {refused}") from refused

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gswarm_tasks import names
-from gswarm_tasks.errors import InvalidRequest
+from gswarm_tasks.errors import InvalidRequest, TaskFailed
 
 from ..extensions import db, redis_client, sender
 from ..tables import TaskRecord
@@ -69,7 +69,7 @@ def apply(rec: TaskRecord, event: str, data: dict[str, Any]) -> None:
         record_result(rec, data)
     elif event == "failed":
         rec.state, rec.finished_at = "failed", now()
-        rec.error = data.get("error") or {"code": "TASK_FAILED", "message": "failed", "details": {}}
+        rec.error = data.get("error") or TaskFailed("failed").to_dict()
         record_failure(rec)
 
 

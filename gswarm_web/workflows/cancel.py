@@ -7,7 +7,7 @@ import logging
 from datetime import UTC, datetime
 
 from gswarm_tasks import names
-from gswarm_tasks.errors import InvalidRequest
+from gswarm_tasks.errors import Conflict, InvalidRequest
 
 from ..extensions import db, redis_client, sender
 from ..tables import TaskRecord, WorkflowRun
@@ -44,7 +44,7 @@ def cancel_workflow(run: WorkflowRun, steps: dict[str, TaskRecord] | None = None
     _revoke(running)
     if run.status == "running":
         run.status, run.finished_at = "cancelled", now()
-        run.error = {"code": "CONFLICT", "message": reason, "details": {}}
+        run.error = Conflict(reason).to_dict()
 
 
 def cancel_step(rec: TaskRecord) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gswarm_tasks import names
 from tests.integration.fleet import Fleet, running_fleet
 from tests.integration.procs import wait_for
 
@@ -259,7 +260,7 @@ def test_pins_block_delete_unless_forced(fleet: Fleet) -> None:
 def run_gc(fleet: Fleet) -> dict:
     from gswarm_web.extensions import sender
 
-    return dict(sender().send_task("gswarm.control.data_gc", queue="control").get(timeout=30))
+    return dict(sender().send_task(names.DATA_GC, queue=names.CONTROL_QUEUE).get(timeout=30))
 
 
 def test_collector_removes_unreferenced_intermediates_only(fleet: Fleet) -> None:

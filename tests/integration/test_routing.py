@@ -9,6 +9,7 @@ import pytest
 import redis
 from celery import Celery
 
+from gswarm_tasks import names
 from gswarm_tasks.celery_app import send_to_node
 from gswarm_tasks.errors import InvalidRequest
 from tests.integration.procs import wait_for
@@ -17,11 +18,11 @@ from tests.integration.procs import wait_for
 def test_task_sent_to_node1_never_runs_on_node2(sender: Celery, start_worker: Any) -> None:
     start_worker("gswarm_tasks", "node1", "node1")
     start_worker("gswarm_tasks", "node2", "node2")
-    results = [send_to_node(sender, "node1", "gswarm.node.ping") for _ in range(20)]
+    results = [send_to_node(sender, "node1", names.NODE_PING) for _ in range(20)]
     answers = [r.get(timeout=30) for r in results]
     assert {a["node"] for a in answers} == {"node1"}
     # And the other way round, so both workers are shown to be consuming.
-    assert send_to_node(sender, "node2", "gswarm.node.ping").get(timeout=30)["node"] == "node2"
+    assert send_to_node(sender, "node2", names.NODE_PING).get(timeout=30)["node"] == "node2"
 
 
 def test_node_task_without_a_node_is_refused() -> None:
@@ -41,13 +42,13 @@ def test_poison_task_ends_failed_after_the_redelivery_cap(sender: Celery, start_
     assert "WorkerLostError" in repr(result.result) or "Worker exited" in str(result.result)
     # The worker itself survived its pool processes dying and still serves the queue.
     assert worker.proc is not None and worker.proc.poll() is None
-    assert send_to_node(sender, "nodep", "gswarm.node.ping").get(timeout=30)["node"] == "nodep"
+    assert send_to_node(sender, "nodep", names.NODE_PING).get(timeout=30)["node"] == "nodep"
 
 
 def test_priorities_are_served_in_order(sender: Celery, start_worker: Any) -> None:
     # Queue everything before any worker consumes, then let one single-process worker drain the queue.
     order = ["low", "normal", "high", "critical", "low", "critical", "normal", "high"]
-    results = [(p, send_to_node(sender, "nodeq", "gswarm.node.ping", priority=p)) for p in order]
+    results = [(p, send_to_node(sender, "nodeq", names.NODE_PING, priority=p)) for p in order]
     start_worker("gswarm_tasks", "nodeq", "nodeq", concurrency=1)
     ran = sorted(((r.get(timeout=30)["time"], p) for p, r in results))
     served = [p for _, p in ran]

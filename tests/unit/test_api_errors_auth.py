@@ -120,3 +120,32 @@ def test_openapi_and_docs_are_public_and_document_errors(client: FlaskClient) ->
     assert "Error" in spec["components"]["schemas"]
     assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     assert client.get("/api/v1/docs").status_code == 200
+
+
+def test_a_page_past_the_end_is_an_empty_page_and_a_huge_one_is_refused(client: FlaskClient, admin_token: str) -> None:
+    for path in ("/api/v1/models", "/api/v1/nodes", "/api/v1/data", "/api/v1/workflows", "/api/v1/queue/tasks"):
+        r = client.get(f"{path}?page=999999", headers=bearer(admin_token))
+        assert r.status_code == 200, (path, r.json)
+        assert r.json["total"] == 0 and r.json["page"] == 999999
+        assert [v for k, v in r.json.items() if isinstance(v, list)] == [[]]
+        r = client.get(f"{path}?page=100000000000000000", headers=bearer(admin_token))
+        assert r.status_code == 422, (path, r.json)
+        assert "page" in assert_error_shape(r.json, "INVALID_REQUEST")["details"]["fields"]
+
+
+def test_unknown_fields_with_any_characters_are_named_in_the_body_never_in_a_header(
+    client: FlaskClient, admin_token: str
+) -> None:
+    for name in ("bad\nfield", "名前", "x\r\nSet-Cookie: a=b"):
+        r = client.post("/api/v1/tokens", json={"name": "t", name: 1}, headers=bearer(admin_token))
+        assert r.status_code == 422
+        assert name in assert_error_shape(r.json, "INVALID_REQUEST")["details"]["fields"]
+        assert all(name not in value for value in r.headers.values())
+        assert "X-Invalid-Fields" not in r.headers
+
+
+def test_a_nul_character_anywhere_is_refused_naming_where(client: FlaskClient, admin_token: str) -> None:
+    r = client.get("/api/v1/workflows?name=a%00b", headers=bearer(admin_token))
+    assert r.status_code == 422 and assert_error_shape(r.json, "INVALID_REQUEST")["details"]["field"] == "name"
+    r = client.post("/api/v1/tokens", json={"name": "a\x00b"}, headers=bearer(admin_token))
+    assert r.status_code == 422 and r.json["error"]["details"]["field"] == "name"

@@ -33,13 +33,13 @@ def test_frames_are_buffered_while_redis_is_down_and_flushed_in_order() -> None:
 
 def test_sampler_follows_the_fastest_session_for_its_node() -> None:
     r = fakeredis.FakeRedis()
-    r.hset("gswarm:profiler:sessions", "a", json.dumps({"freq_ms": 500, "nodes": []}))
-    r.hset("gswarm:profiler:sessions", "b", json.dumps({"freq_ms": 100, "nodes": ["other"]}))
+    r.hset(names.PROFILER_SESSIONS_KEY, "a", json.dumps({"freq_ms": 500, "nodes": []}))
+    r.hset(names.PROFILER_SESSIONS_KEY, "b", json.dumps({"freq_ms": 100, "nodes": ["other"]}))
     s = Sampler(r, "n1", 1.0, source=FakeGpuSource(1))
     s.step()
     s.sync()
     assert s.period_s == 0.5
-    r.hset("gswarm:profiler:sessions", "c", json.dumps({"freq_ms": 50, "nodes": ["n1"], "enable_nvlink": True}))
+    r.hset(names.PROFILER_SESSIONS_KEY, "c", json.dumps({"freq_ms": 50, "nodes": ["n1"], "enable_nvlink": True}))
     s._next_sessions_check = 0
     s.step()
     s.sync()
