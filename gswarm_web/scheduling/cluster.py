@@ -58,6 +58,19 @@ class Residency:
         self.holders[m].discard(g)
 
 
+def seed_residency(fleet: Fleet, models: list[ModelSpec], model_index: dict[str, int], residency: Residency) -> None:
+    """What the fleet says is resident on GPUs at the start, grouped by the model's GPUs per instance, node by node."""
+    for name, places in fleet.weights.items():
+        m = model_index.get(name)
+        if m is None:
+            continue
+        k = models[m].gpus_required
+        for node in range(len(fleet.node_names)):
+            on = [g for n, t, g in places if t == "gpu" and n == node]
+            for i in range(0, len(on) - k + 1, k):
+                residency.load(m, tuple(sorted(on[i : i + k])))
+
+
 class Tiers:
     """Which node has which weights in DRAM (an LRU cache of `dram_gb`) and on disk, and from when."""
 
@@ -129,11 +142,7 @@ class Cluster:
                 self.tiers.disk[node].setdefault(m, float("-inf"))
                 if tier == "dram":
                     self.tiers.arrive(m, node, float("-inf"))
-            k = self.models[m].gpus_required
-            for node in range(len(self.node_gpus)):
-                on = [g for n, t, g in places if t == "gpu" and n == node]
-                for i in range(0, len(on) - k + 1, k):
-                    self.residency.load(m, tuple(sorted(on[i : i + k])))
+        seed_residency(self.fleet, self.models, model_index, self.residency)
 
     def warm(self, m: int, gpus: Group) -> bool:
         """Whether `m` can start on `gpus` without a load."""

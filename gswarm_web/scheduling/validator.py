@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .fleet import Fleet
-from .workload import Workload
+from .cluster import Residency, seed_residency
+from .fleet import TIERS, Fleet
+from .metrics import summarize
+from .workload import MODES, Workload
 
 EPS = 1e-6
 FIELDS = ("request_id", "node_id", "model_name", "gpu_id", "gpus", "start_time", "end_time", "switch_time")
@@ -141,3 +143,119 @@ class _Check:
             for (_, end, a), (begin, _, b) in zip(spans, spans[1:], strict=False):
                 if begin < end - EPS:
                     self.add("overlap", f"GPU {g} runs {self.name(a)} until {end:g} and {self.name(b)} from {begin:g}")
+
+    def switches(self) -> None:
+        """No free switch, loads from tiers that could hold the weights then, and memory within capacity."""
+        w, fleet = self.w, self.fleet
+        residency = Residency(fleet, w.models)
+        reached = Reach(fleet, w)
+        seed_residency(fleet, w.models, w.model_index, residency)
+        runs = sorted(self.runs.items(), key=lambda x: (x[1]["start_time"] - x[1]["switch_time"], x[1]["start_time"]))
+        for s, e in runs:
+            gpus = tuple(sorted(e["gpus"]))
+            if any(not 0 <= g < fleet.gpus for g in gpus) or len(set(gpus)) != len(gpus):
+                continue
+            m, begin, tier = w.model[s], e["start_time"] - e["switch_time"], e.get("loaded_from")
+            node = fleet.gpu_node[gpus[0]]
+            for g in gpus:
+                if residency.share[m] > fleet.gpu_memory_bytes[g]:
+                    self.add("memory", f"{self.name(s)} needs {residency.share[m] / 1e9:g} GB on GPU {g}, which has "
+                             f"{fleet.gpu_memory_bytes[g] / 1e9:g} GB")
+            if tier not in (*TIERS, "config"):
+                self.add("format", f"{self.name(s)} loaded_from {tier!r} is not one of {', '.join(TIERS)}, config")
+            elif residency.warm(m, gpus) and tier == "gpu":
+                if e["switch_time"] > EPS:
+                    self.add("switch", f"{self.name(s)} is warm but reports {e['switch_time']:g}s of loading")
+                residency.use(m, gpus)
+                continue
+            elif tier == "gpu":
+                last = [residency.model_on(g) for g in gpus]
+                held = ", ".join("nothing" if x is None else w.models[x].name for x in last)
+                self.add("free switch", f"{self.name(s)} claims {w.models[m].name} was resident on GPUs {list(gpus)}, "
+                         f"which held {held}")
+            else:
+                need, best = reached.cost(m, node, tier, begin)
+                if need is None:
+                    self.add("switch", f"{self.name(s)} loads from {tier}, where {w.models[m].name} is not by {begin:g}")
+                elif e["switch_time"] < min(need, best) - EPS * max(1.0, need):
+                    self.add("free switch", f"{self.name(s)} pays {e['switch_time']:g}s to load {w.models[m].name}, "
+                             f"the load takes at least {min(need, best):g}s")
+            residency.load(m, gpus)
+            reached.arrive(m, node, e["start_time"])
+
+    def summary(self, executions: list[dict[str, Any]], mode: str) -> None:
+        """The summary's numbers, recomputed from the executions."""
+        given = self.doc.get("summary") if isinstance(self.doc, dict) else None
+        if not isinstance(given, dict):
+            self.add("summary", "the document needs a `summary` object")
+            return
+        arrivals = {rid: self.w.arrival[r] for r, rid in enumerate(self.w.request_ids)}
+        want = summarize(executions, arrivals, str(given.get("policy")), mode)
+        for key, value in want.items():
+            got = given.get(key)
+            if key in ("model_loads", "steps"):
+                ok = got == value
+            elif key in ("policy", "mode"):
+                ok = got == value and isinstance(got, str)
+            else:
+                ok = _is_number(got) and _close(float(got), float(value))
+            if not ok:
+                self.add("summary", f"{key} is {got!r}, the executions give {value!r}")
+
+
+class Reach:
+    """When a model's weights first reached each node (disk and DRAM): the fastest a later load there can be.
+
+    DRAM eviction is ignored on purpose, so the bound is never above what a correct simulator charged.
+    """
+
+    def __init__(self, fleet: Fleet, w: Workload) -> None:
+        self.fleet, self.w = fleet, w
+        self.disk: list[dict[int, float]] = [{} for _ in fleet.node_names]
+        self.dram: list[dict[int, float]] = [{} for _ in fleet.node_names]
+        for name, places in fleet.weights.items():
+            m = w.model_index.get(name)
+            if m is not None:
+                for node, tier, _ in places:
+                    self.disk[node][m] = float("-inf")
+                    if tier == "dram":
+                        self.dram[node][m] = float("-inf")
+
+    def arrive(self, m: int, node: int, at: float) -> None:
+        for tier in (self.disk, self.dram):
+            tier[node][m] = min(tier[node].get(m, at), at)
+
+    def cost(self, m: int, node: int, tier: str, at: float) -> tuple[float | None, float]:
+        """Seconds of a load from `tier` (None if the weights cannot be there at `at`), and the fastest possible."""
+        fleet, spec = self.fleet, self.w.models[m]
+        if fleet.uniform:
+            return (spec.load_time_seconds if tier == "config" else None), spec.load_time_seconds
+        possible = {"hub"}
+        if self.dram[node].get(m, at + 1) <= at + EPS:
+            possible.add("dram")
+        if self.disk[node].get(m, at + 1) <= at + EPS:
+            possible.add("disk")
+        if any(d.get(m, at + 1) <= at + EPS for n, d in enumerate(self.disk) if n != node):
+            possible.add("peer")
+        best = min(fleet.load_seconds(spec, t, node) for t in possible)
+        return (fleet.load_seconds(spec, tier, node) if tier in possible else None), best
+
+
+def validate(doc: Any, workload: Workload, fleet: Fleet, mode: str | None = None) -> list[Violation]:
+    """Every violation of `doc` (an OUT.json document) against the trace and fleet; empty when it is valid.
+
+    `mode` defaults to the summary's; `workload` must have been built in that mode (arrivals at 0 offline).
+    """
+    check = _Check(doc, workload, fleet)
+    summary = doc.get("summary") if isinstance(doc, dict) else None
+    mode = mode or (summary.get("mode") if isinstance(summary, dict) else None) or workload.mode
+    if mode not in MODES:
+        check.add("summary", f"mode {mode!r} is not one of {', '.join(MODES)}")
+        mode = workload.mode
+    executions = check.shape()
+    check.once(executions)
+    check.order(mode)
+    check.overlaps()
+    check.switches()
+    check.summary(executions, mode)
+    return check.out
