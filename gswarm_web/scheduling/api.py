@@ -64,7 +64,8 @@ def validate_payload(doc: Any) -> dict[str, Any]:
     body = mapping(doc, "body")
     _unknown(body, VALIDATE_FIELDS)
     schedule = mapping(body.get("schedule"), "schedule")
-    summary = schedule.get("summary") if isinstance(schedule.get("summary"), dict) else {}
+    summary = schedule.get("summary")
+    summary = summary if isinstance(summary, dict) else {}
     mode = choice(body.get("mode", summary.get("mode")), "mode", MODES, default="online")
     workload, fleet = _inputs(body, mode)
     found = validate(schedule, workload, fleet, mode)

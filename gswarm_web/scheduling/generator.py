@@ -53,14 +53,14 @@ def bench_config() -> dict[str, Any]:
     fleet goes to loading: the regime the original scheduler was written for.
     """
     models = {
-        "llama_8b": _llm(16, 1, 12, 60, 300),
-        "qwen_7b": _llm(15, 1, 11, 55, 250),
-        "coder_13b": _llm(26, 2, 20, 40, 400),
-        "sdxl": _fixed("image_generation", 12, 8, 4.0),
-        "sd15": _fixed("image_generation", 8, 6, 2.0),
-        "whisper": _fixed("audio_transcription", 6, 4, 1.5),
-        "clip": _fixed("embedding", 4, 3, 0.3),
-        "reranker": _fixed("embedding", 2, 2, 0.5),
+        "llama_8b": _llm(16, 1, 10, 50, 512),
+        "qwen_7b": _llm(15, 1, 10, 50, 400),
+        "coder_13b": _llm(26, 2, 20, 35, 512),
+        "sdxl": _fixed("image_generation", 12, 8, 6.0),
+        "sd15": _fixed("image_generation", 8, 6, 3.0),
+        "whisper": _fixed("audio_transcription", 6, 4, 3.0),
+        "clip": _fixed("embedding", 4, 3, 0.5),
+        "reranker": _fixed("embedding", 2, 2, 1.0),
     }
     workflows = {
         "transcribe_illustrate": _wf(

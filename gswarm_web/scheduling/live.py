@@ -40,7 +40,9 @@ def _node(doc: Any, field: str) -> dict[str, Any]:
         gpus.append(_gpu(g, Device.parse(f"{name}:gpu{index}", f"{field}.gpus[{i}].index"), f"{field}.gpus[{i}]"))
     given = mapping(n.get("bandwidths") or {}, f"{field}.bandwidths")
     defaults = {k: DEFAULT_GB_PER_S[f"{short}_gb_per_s"] * GB for k, short in BANDWIDTH_KEYS.items()}
-    bandwidths = {k: number(given.get(k), f"{field}.bandwidths.{k}", positive=True, default=v) for k, v in defaults.items()}
+    bandwidths = {
+        k: number(given.get(k), f"{field}.bandwidths.{k}", positive=True, default=v) for k, v in defaults.items()
+    }
     return {
         "name": name,
         "status": status,
@@ -74,7 +76,7 @@ def fleet_view(nodes: list[dict[str, Any]], models: list[dict[str, Any]]) -> dic
                 continue  # a copy on a node the fleet no longer lists cannot be loaded from
             if dev.is_gpu:
                 where["gpu"].append(str(dev))
-            elif dev.tier in ("dram", "disk"):
+            elif dev.tier in ("dram", "disk") and dev.node is not None:
                 where[dev.tier].append(dev.node)
         view_models[name] = {"size_bytes": number(m.get("size_bytes"), f"{mf}.size_bytes", positive=True), **where}
     usable = [n for n in view_nodes if n["schedulable"]]

@@ -159,8 +159,11 @@ class _Check:
             node = fleet.gpu_node[gpus[0]]
             for g in gpus:
                 if residency.share[m] > fleet.gpu_memory_bytes[g]:
-                    self.add("memory", f"{self.name(s)} needs {residency.share[m] / 1e9:g} GB on GPU {g}, which has "
-                             f"{fleet.gpu_memory_bytes[g] / 1e9:g} GB")
+                    self.add(
+                        "memory",
+                        f"{self.name(s)} needs {residency.share[m] / 1e9:g} GB on GPU {g}, which has "
+                        f"{fleet.gpu_memory_bytes[g] / 1e9:g} GB",
+                    )
             if tier not in (*TIERS, "config"):
                 self.add("format", f"{self.name(s)} loaded_from {tier!r} is not one of {', '.join(TIERS)}, config")
             elif residency.warm(m, gpus) and tier == "gpu":
@@ -171,15 +174,21 @@ class _Check:
             elif tier == "gpu":
                 last = [residency.model_on(g) for g in gpus]
                 held = ", ".join("nothing" if x is None else w.models[x].name for x in last)
-                self.add("free switch", f"{self.name(s)} claims {w.models[m].name} was resident on GPUs {list(gpus)}, "
-                         f"which held {held}")
+                self.add(
+                    "free switch",
+                    f"{self.name(s)} claims {w.models[m].name} was resident on GPUs {list(gpus)}, which held {held}",
+                )
             else:
                 need, best = reached.cost(m, node, tier, begin)
                 if need is None:
-                    self.add("switch", f"{self.name(s)} loads from {tier}, where {w.models[m].name} is not by {begin:g}")
+                    where = f"where {w.models[m].name} is not by {begin:g}"
+                    self.add("switch", f"{self.name(s)} loads from {tier}, {where}")
                 elif e["switch_time"] < min(need, best) - EPS * max(1.0, need):
-                    self.add("free switch", f"{self.name(s)} pays {e['switch_time']:g}s to load {w.models[m].name}, "
-                             f"the load takes at least {min(need, best):g}s")
+                    self.add(
+                        "free switch",
+                        f"{self.name(s)} pays {e['switch_time']:g}s to load {w.models[m].name}, "
+                        f"the load takes at least {min(need, best):g}s",
+                    )
             residency.load(m, gpus)
             reached.arrive(m, node, e["start_time"])
 
@@ -198,7 +207,7 @@ class _Check:
             elif key in ("policy", "mode"):
                 ok = got == value and isinstance(got, str)
             else:
-                ok = _is_number(got) and _close(float(got), float(value))
+                ok = isinstance(got, int | float) and not isinstance(got, bool) and _close(float(got), float(value))
             if not ok:
                 self.add("summary", f"{key} is {got!r}, the executions give {value!r}")
 

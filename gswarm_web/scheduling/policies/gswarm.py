@@ -1,18 +1,22 @@
 """`gswarm`, the default policy: model-aware, tier-aware placement that trades waiting for a warm GPU against a load.
 
-Ideas it takes from others: ServerlessLLM picks the server where weights are in the fastest tier (DRAM before disk
-before the network); Ray Serve's model multiplexing and Clockwork route work to GPUs that already hold the model and
-evict the least needed one; AlpaServe sizes each model's replicas to its load; HEFT orders by upward rank.
+Ideas it takes from others: ServerlessLLM picks the server whose tier holds the weights closest (DRAM before disk
+before the network) and counts queueing into startup time; Ray Serve's model multiplexing and Clockwork send work to
+GPUs that already hold the model and evict the least needed one; AlpaServe sizes each model's replicas to its load;
+HEFT orders by upward rank.
 
-What it does:
-- Ready steps wait in one queue per model, oldest request first online, highest upward rank first offline.
-- A GPU that frees takes the next step of the model it holds (batching one model's steps back to back), unless
-  another model is far worse served (its backlog per replica exceeds this model's by more than a load).
-- An idle GPU with nothing of its own loads the model under the most pressure: backlog per replica (queued
-  GPU-seconds plus what its replicas still run) beyond what a load costs, so a step waits a bounded time for a
-  warm GPU rather than paying a load that would not finish it sooner.
-- The GPU it loads onto is the cheapest: the shortest load (weights in DRAM before disk, peer, hub) plus the
-  expected cost of reloading what it evicts (its recent demand per remaining replica).
+How it decides, with `drain(m)` = seconds to work off model m's queue on the GPUs holding it (queued GPU-seconds
+plus what they still run, over their number; infinite with none):
+- Ready steps wait in one queue per model: oldest request first online, highest upward rank first offline.
+- A GPU that frees takes the next step of the model it holds, so one model's steps run back to back (batching),
+  unless another model is worse served even after paying a load here than this one would be without the GPU.
+- An idle GPU with nothing of its own loads the model whose queue would take longest to drain, if that is longer
+  than the load plus `patience` loads: a step waits a bounded time for a warm GPU rather than paying a load that
+  would not finish it sooner.
+- The GPUs it loads onto are the cheapest: the shortest load (weights in DRAM before disk, peer, hub) plus the
+  expected cost of reloading what they hold (its recent demand per GPU that would be left holding it).
+- A multi-GPU model that wins a GPU while too few are free reserves it and waits for the rest of its group on
+  that node, so it cannot starve behind single-GPU work.
 """
 
 from __future__ import annotations
@@ -32,23 +36,28 @@ INF = float("inf")
 
 
 class Gswarm(Policy):
-    """Warm-first batching with per-model backlog pressure deciding loads; see the module docstring."""
+    """Warm-first batching, drain-time balancing of replicas, tier-aware loads; see the module docstring."""
 
     name = "gswarm"
 
     def bind(self, sim: Simulation) -> None:
         super().bind(sim)
         o = self.options
-        self.patience = float(o.get("patience", 1.0))  # extra loads' worth of backlog before adding a replica
-        self.window = float(o.get("window_seconds", 120.0))  # memory of the demand estimate
+        self.patience = float(o.get("patience", 0.5))  # loads' worth of extra waiting before paying a load
+        self.window = float(o.get("window_seconds", 60.0))  # memory of the demand estimate
+        self.starve = float(o.get("starve_loads", 30.0))  # a model no GPU holds waits about this many loads at most
         w = self.w
-        models = len(w.models)
         self.offline = w.mode == "offline"
+        # Offline only the makespan counts and every queue drains in the end, so no GPU is taken from busy work.
+        self.switching = bool(o.get("switch", not self.offline))
         self.rank = w.upward_rank()
-        self.queues: list[list[tuple[float, float, int]]] = [[] for _ in range(models)]
-        self.backlog = [0.0] * models  # queued GPU-seconds per model
-        self.rate = [0.0] * models  # recent GPU-seconds of demand per second, per model
-        self.rate_at = [0.0] * models
+        self.queues: list[list[tuple[float, float, int]]] = [[] for _ in w.models]
+        self.backlog = [0.0] * len(w.models)  # queued GPU-seconds per model
+        self.rate = [0.0] * len(w.models)  # recent GPU-seconds of demand per second, per model
+        self.steps_rate = [0.0] * len(w.models)  # recent steps made ready per second, per model
+        self.rate_at = [0.0] * len(w.models)
+        self.reserved: dict[int, tuple[int, set[int]]] = {}  # node -> (model, idle GPUs kept for it)
+        self.ready_at = [0.0] * w.steps
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
 
@@ -56,106 +65,205 @@ class Gswarm(Policy):
         w, m = self.w, self.w.model[s]
         first = 0.0 if self.offline else w.arrival[w.req[s]]
         heapq.heappush(self.queues[m], (first, -self.rank[s], s))
+        self.ready_at[s] = now
         work = w.seconds[s] * w.gpus[s]
         self.backlog[m] += work
-        self.rate[m] = self.rate[m] * math.exp((self.rate_at[m] - now) / self.window) + work / self.window
+        decay = math.exp((self.rate_at[m] - now) / self.window)
+        self.rate[m] = self.rate[m] * decay + work / self.window
+        self.steps_rate[m] = self.steps_rate[m] * decay + 1.0 / self.window
         self.rate_at[m] = now
 
     def _pop(self, m: int) -> int:
         s = heapq.heappop(self.queues[m])[2]
-        self.backlog[m] -= self.w.seconds[s] * self.w.gpus[s]
+        # an empty queue resets the sum, so float rounding cannot leave a phantom backlog behind
+        self.backlog[m] = self.backlog[m] - self.w.seconds[s] * self.w.gpus[s] if self.queues[m] else 0.0
         return s
 
     def _demand(self, m: int, now: float) -> float:
-        """Recent demand of `m` in busy GPUs (GPU-seconds per second)."""
+        """Recent demand of `m` in busy GPUs (GPU-seconds per second, decaying over `window`)."""
         return self.rate[m] * math.exp((self.rate_at[m] - now) / self.window)
 
     # -- estimates ---------------------------------------------------------------------------------------------
 
-    def _replicas(self, m: int) -> float:
-        return len(self.c.holders(m)) / self.w.models[m].gpus_required
-
-    def _drain(self, m: int, now: float, extra: float = 0.0) -> float:
-        """Seconds to work off `m`'s backlog on its replicas (plus `extra` replicas); inf with none."""
+    def drain(self, m: int, now: float, gpus: int = 0, work: float = 0.0) -> float:
+        """Seconds to work off `m`'s queue on the GPUs holding it, with `gpus` more of them and `work` more to do."""
         c = self.c
-        replicas = self._replicas(m) + extra
-        if replicas <= 0:
-            return INF
-        running = sum(max(0.0, c.free_at[g] - now) for g in c.holders(m) if g not in c.idle)
-        return (self.backlog[m] + running) / replicas
+        holders = c.holders(m)
+        running = sum(c.free_at[g] - now for g in holders if g not in c.idle and c.free_at[g] > now)
+        count = len(holders) + gpus
+        return INF if count <= 0 else (self.backlog[m] + running + work) / count
 
-    def _cold(self, m: int, gpus: Group, now: float) -> float:
+    def _load(self, m: int, gpus: Group, now: float) -> float:
         return self.c.load_estimate(m, gpus, now)[0]
 
-    def _evict_cost(self, g: int, now: float) -> float:
-        """Expected seconds of reloading what GPU `g` holds if it is evicted now."""
+    def _evict_cost(self, g: int, m: int, now: float) -> float:
+        """Expected seconds of reloading what GPU `g` holds if `m` takes it now (0 when it holds `m` or nothing).
+
+        The last copy of a model is needed again with the chance that one of its steps arrives while `g` is tied
+        up with `m` (from its recent step rate); a model with other copies only when they would be busy (its recent
+        demand in busy GPUs over the copies left)."""
         c = self.c
         old = c.model_on(g)
-        if old is None:
+        if old is None or old == m:
             return 0.0
-        left = self._replicas(old) - 1.0 / self.w.models[old].gpus_required
-        need = self._demand(old, now) + (self.backlog[old] > 0)
-        share = min(1.0, need / (left + 1.0))
+        if self.queues[old]:
+            return INF  # it has queued work of its own: taking it is a switch, weighed in `_switch`
         node = c.node_of[g]
-        return share * c.fleet.load_seconds(self.w.models[old], c.tiers.tier(old, node, now), node)
+        reload = c.fleet.load_seconds(self.w.models[old], c.tiers.tier(old, node, now), node)
+        left = len(c.holders(old)) - self.w.models[old].gpus_required
+        decay = math.exp((self.rate_at[old] - now) / self.window)
+        if left <= 0:
+            busy_for = reload + self._load(m, (g,), now) + self.backlog[m] / max(1, len(c.holders(m)) + 1)
+            need = 1.0 - math.exp(-self.steps_rate[old] * decay * busy_for)
+        else:
+            need = min(1.0, self.rate[old] * decay / left)
+        return need * reload
 
-    def _victims(self, m: int, now: float, spare: set[int]) -> tuple[float, Group] | None:
-        """The cheapest idle GPUs in `spare` to load `m` onto: load seconds plus eviction cost."""
+    def _best_gpus(self, m: int, now: float, free: set[int]) -> tuple[float, float, Group] | None:
+        """The cheapest GPUs in `free` for `m` on one node: (load seconds, eviction cost, GPUs)."""
         c, k = self.c, self.w.models[m].gpus_required
-        best: tuple[float, Group] | None = None
-        for gpus in c.eligible[m]:
-            free = [g for g in gpus if g in spare]
-            if len(free) < k:
+        best: tuple[float, float, Group] | None = None
+        for node_gpus in c.eligible[m]:
+            cand = sorted((self._evict_cost(g, m, now), g) for g in node_gpus if g in free)
+            if len(cand) < k or cand[k - 1][0] == INF:
                 continue
-            costs = sorted((self._evict_cost(g, now), g) for g in free)
-            pick = tuple(sorted(g for _, g in costs[:k]))
-            score = self._cold(m, pick, now) + sum(x for x, _ in costs[:k])
-            if best is None or score < best[0]:
-                best = (score, pick)
+            gpus = tuple(sorted(g for _, g in cand[:k]))
+            load, evict = self._load(m, gpus, now), sum(x for x, _ in cand[:k])
+            if best is None or load + evict < best[0] + best[1]:
+                best = (load, evict, gpus)
         return best
+
+    def wait(self, m: int, now: float) -> float:
+        """How long `m`'s queued steps wait as things stand: the drain time on the GPUs holding it, or with none,
+        how long its oldest step has waited plus the queue's work done on one new replica."""
+        d = self.drain(m, now)
+        if d < INF:
+            return d
+        head = self.queues[m][0][2]
+        return now - self.ready_at[head] + self.backlog[m] / self.w.models[m].gpus_required
+
+    def _keep(self, m: int, grp: Group, now: float) -> float:
+        """How long `m`'s queue would wait if `grp` went to another model, plus the patience a reload is worth."""
+        c = self.c
+        node = c.node_of[grp[0]]
+        reload = c.fleet.load_seconds(self.w.models[m], c.tiers.tier(m, node, now), node)
+        d = self.drain(m, now, gpus=-len(grp))
+        if d == INF:
+            d = self.backlog[m] / self.w.models[m].gpus_required + reload
+        return d + self.patience * reload
 
     # -- decisions ---------------------------------------------------------------------------------------------
 
     def _warm_group(self, m: int) -> Group | None:
         c = self.c
         for g in c.holders(m):
-            if g in c.idle:
+            if g in c.idle and not self._is_reserved(g):
                 grp = c.residency.held[g][m]
-                if all(x in c.idle for x in grp) and c.residency.warm(m, grp):
+                if c.residency.warm(m, grp) and all(x in c.idle and not self._is_reserved(x) for x in grp):
                     return grp
         return None
 
-    def _pressure(self, m: int, now: float, gpus: Group) -> float:
-        """How much sooner `m`'s backlog drains with one more replica on `gpus`, less what the load costs."""
-        cold = self._cold(m, gpus, now)
-        before = self._drain(m, now)
-        after = self._drain(m, now, extra=1.0)
-        if before == INF:
-            return INF
-        return (before - after) - cold * (1.0 + self.patience)
+    def _is_reserved(self, g: int) -> bool:
+        held = self.reserved.get(self.c.node_of[g])
+        return held is not None and g in held[1]
 
-    def dispatch(self, now: float) -> Iterator[Decision]:
-        c = self.c
-        # 1. warm: every model's queue goes to idle GPUs that hold it, back to back.
+    def _want(self, m: int, now: float, load: float, evict: float) -> float:
+        """How much longer `m`'s queue waits than a load here (plus patience and eviction) would cost."""
+        return self.wait(m, now) - load * (1.0 + self.patience) - evict
+
+    def _switch(self, m: int, grp: Group, now: float) -> int | None:
+        """A starving model these warm GPUs should go to instead of `m`'s next step, if any.
+
+        Only a model no GPU holds, whose oldest step has waited `starve` of its loads and longer than `m`'s queue
+        would wait without these GPUs, takes them: switching busy GPUs otherwise costs more loads than it saves.
+        """
+        c, node = self.c, self.c.node_of[grp[0]]
+        keep: float | None = None
+        best: tuple[float, int] | None = None
+        for x, q in enumerate(self.queues):
+            k = self.w.models[x].gpus_required
+            if x == m or not q or c.holders(x) or k < len(grp) or grp[0] not in c.eligible[x][node]:
+                continue
+            if k > len(grp) and (node in self.reserved or len(c.eligible[x][node]) < k):
+                continue
+            load = self._load(x, grp, now) if k == len(grp) else c.fleet.load_seconds(self.w.models[x], "hub", node)
+            waited = now - self.ready_at[q[0][2]]
+            if waited < self.starve * load:
+                continue
+            keep = self._keep(m, grp, now) if keep is None else keep
+            if waited > keep and (best is None or waited > best[0]):
+                best = (waited, x)
+        return None if best is None else best[1]
+
+    def _warm(self, now: float) -> Iterator[Decision]:
+        """Queues to idle GPUs that hold their model, unless a worse-served model should take the GPUs."""
         for m, q in enumerate(self.queues):
-            while q and c.idle:
+            while q and self.c.idle:
                 grp = self._warm_group(m)
                 if grp is None:
                     break
-                yield self._pop(m), grp
-        # 2. cold: idle GPUs left over load the model whose backlog gains most from one more replica.
-        while c.idle:
-            best: tuple[float, int, Group] | None = None
-            spare = set(c.idle)
+                x = self._switch(m, grp, now) if self.switching else None
+                if x is None:
+                    yield self._pop(m), grp
+                elif self.w.models[x].gpus_required == len(grp):
+                    yield self._pop(x), grp
+                else:
+                    self.reserved[self.c.node_of[grp[0]]] = (x, set(grp))  # the rest of its group follows
+
+    def _reservations(self, now: float) -> Iterator[Decision]:
+        """Idle GPUs join the reservation on their node; a complete group starts its model's next step."""
+        c = self.c
+        for node, (m, held) in list(self.reserved.items()):
+            if not self.queues[m]:
+                del self.reserved[node]
+                continue
+            k = self.w.models[m].gpus_required
+            for g in sorted(c.idle):
+                if len(held) < k and c.node_of[g] == node and g in c.eligible[m][node]:
+                    held.add(g)
+            held &= c.idle
+            if len(held) >= k:
+                del self.reserved[node]
+                yield self._pop(m), tuple(sorted(held)[:k])
+
+    def _cold(self, now: float) -> Iterator[Decision]:
+        """Idle GPUs left over load the model whose queue drains slowest, when that beats waiting for a warm GPU."""
+        c, skip = self.c, set()
+        while True:
+            free = {g for g in c.idle if not self._is_reserved(g)}
+            if not free:
+                return
+            best: tuple[float, int, Group | None] | None = None
             for m, q in enumerate(self.queues):
-                if not q:
+                if not q or m in skip:
                     continue
-                victim = self._victims(m, now, spare)
-                if victim is None:
+                pick = self._best_gpus(m, now, free)
+                if pick is not None:
+                    want, gpus = self._want(m, now, pick[0], pick[1]), pick[2]
+                elif self.w.models[m].gpus_required > 1 and self.drain(m, now) == INF:
+                    want, gpus = self._want(m, now, 0.0, 0.0), None  # too few free: reserve what there is
+                else:
                     continue
-                gain = self._pressure(m, now, victim[1]) - victim[0] + self._cold(m, victim[1], now)
-                if gain > 0 and (best is None or gain > best[0]):
-                    best = (gain, m, victim[1])
+                if want > 0 and (best is None or want > best[0]):
+                    best = (want, m, gpus)
             if best is None:
                 return
+            if best[2] is None:
+                skip.add(best[1])
+                self._reserve(best[1], free)
+                continue
             yield self._pop(best[1]), best[2]
+
+    def _reserve(self, m: int, free: set[int]) -> None:
+        """Keep the free eligible GPUs of the best node for multi-GPU model `m` until its group is complete."""
+        c, k = self.c, self.w.models[m].gpus_required
+        nodes = [n for n, gs in enumerate(c.eligible[m]) if n not in self.reserved and len(gs) >= k]
+        if nodes:
+            node = max(nodes, key=lambda n: sum(1 for g in c.eligible[m][n] if g in free))
+            self.reserved[node] = (m, {g for g in c.eligible[m][node] if g in free})
+
+    def dispatch(self, now: float) -> Iterator[Decision]:
+        yield from self._reservations(now)
+        yield from self._warm(now)
+        yield from self._cold(now)
+        yield from self._reservations(now)  # one made just now may already be complete
