@@ -14,7 +14,7 @@ from gswarm_tasks.errors import Conflict, InvalidRequest, NotFound
 
 from ..control.frames import latest_frames
 from ..control.metrics import prometheus_text
-from ..control.profiling import document, get_session, publish, unpublish
+from ..control.session_state import document, get_session, publish, unpublish
 from ..extensions import db, redis_client
 from ..plots import render, step_spans
 from ..tables import Node, ProfilerSession, TaskRecord

@@ -19,7 +19,8 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from gswarm_tasks import names
-from gswarm_tasks.errors import NetworkError
+from gswarm_tasks.devices import Device, validate_node_name
+from gswarm_tasks.errors import InvalidRequest, NetworkError
 from gswarm_tasks.settings import load_settings
 
 from .client import ApiClient, ApiError
@@ -210,6 +211,14 @@ def info(chunk_id: str, as_json: bool) -> None:
         console.print(f"metadata  {json.dumps(own)}")
 
 
+def _node_or_device(target: str) -> Device:
+    """`node2` (its dram) or a device like `node2:disk`."""
+    try:
+        return Device(validate_node_name(target, "--to"), "dram")
+    except InvalidRequest:
+        return Device.parse(target, field="--to")
+
+
 def _copied(c: ApiClient, chunk_id: str, op: dict[str, Any], kind: str, wait: bool) -> None:
     if op.get("noop"):
         console.print(f"chunk {chunk_id} is already on {op['target_device']} (nothing to do)")
@@ -243,8 +252,8 @@ def transfer(chunk_id: str, target: str, delete_source: bool, priority: str, no_
         raise click.UsageError(
             f"--to {target}: name the node (NODE or NODE:{target}); `gswarm data move` changes tier on one node"
         )
-    node, _, tier = target.partition(":")
-    body = {"target_node": node, "target_device": f"{node}:{tier or 'dram'}", "delete_source": delete_source}
+    dev = _node_or_device(target)
+    body = {"target_node": dev.node, "target_device": str(dev), "delete_source": delete_source}
     c = api()
     op = c.post(f"data/{chunk_id}/transfer", {**body, "priority": priority})
     _copied(c, chunk_id, op, "transfer", not no_wait)

@@ -13,6 +13,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from gswarm_tasks import names
+from gswarm_tasks.devices import Device
+from gswarm_tasks.errors import InvalidRequest
 from gswarm_tasks.settings import load_settings
 
 from .client import ApiClient
@@ -26,11 +28,14 @@ def api() -> ApiClient:
 
 def full_device(value: str | None, node: str | None, what: str) -> str | None:
     """`gpu0` + `--node node1` -> `node1:gpu0`; a full `node1:gpu0` is kept as it is."""
-    if value is None or ":" in value or value == "web":
-        return value
-    if node is None:
-        raise click.UsageError(f"{what} {value!r} needs --node (or write it as NODE:{value})")
-    return f"{node}:{value}"
+    if value is None:
+        return None
+    try:
+        return str(Device.parse(value, field=what, default_node=node))
+    except InvalidRequest:
+        if node is None:
+            raise click.UsageError(f"{what} {value!r} needs --node (or write it as NODE:{value})") from None
+        raise
 
 
 def follow(c: ApiClient, task: dict[str, Any], title: str, wait: bool = True) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from gswarm_tasks import names
 from gswarm_tasks.nvml import FakeGpuSource
 from gswarm_tasks.sampler import Sampler
 from gswarm_web.control.metrics import prometheus_text
-from gswarm_web.control.profiling import at_frequency, export_document
+from gswarm_web.control.session_state import at_frequency, export_document
 
 
 def test_frames_are_buffered_while_redis_is_down_and_flushed_in_order() -> None:
