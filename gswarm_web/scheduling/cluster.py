@@ -15,7 +15,10 @@ Group = tuple[int, ...]
 
 
 class Residency:
-    """The models each GPU holds, as (model -> GPU group it was loaded across), oldest use first."""
+    """The models each GPU holds, as (model -> GPU group it was loaded across), oldest use first.
+
+    `holders` lists, per model, the GPUs holding it; a multi-GPU model is held by whole groups only.
+    """
 
     def __init__(self, fleet: Fleet, models: list[ModelSpec]) -> None:
         self.one_model = fleet.capacity == "one_model"
@@ -53,9 +56,13 @@ class Residency:
             self.holders[m].add(g)
 
     def _evict(self, g: int, m: int) -> None:
-        del self.held[g][m]
-        self.used[g] -= self.share[m]
-        self.holders[m].discard(g)
+        # A shard is useless without the others, so a multi-GPU model leaves every GPU of its group at once.
+        group = self.held[g][m]
+        for x in group:
+            if self.held[x].get(m) == group:
+                del self.held[x][m]
+                self.used[x] -= self.share[m]
+                self.holders[m].discard(x)
 
 
 def seed_residency(fleet: Fleet, models: list[ModelSpec], model_index: dict[str, int], residency: Residency) -> None:

@@ -58,6 +58,7 @@ class Gswarm(Policy):
         self.rate_at = [0.0] * len(w.models)
         self.reserved: dict[int, tuple[int, set[int]]] = {}  # node -> (model, idle GPUs kept for it)
         self.ready_at = [0.0] * w.steps
+        self._wake = INF
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
 
@@ -85,13 +86,17 @@ class Gswarm(Policy):
 
     # -- estimates ---------------------------------------------------------------------------------------------
 
-    def drain(self, m: int, now: float, gpus: int = 0, work: float = 0.0) -> float:
-        """Seconds to work off `m`'s queue on the GPUs holding it, with `gpus` more of them and `work` more to do."""
+    def drain(self, m: int, now: float, gpus: int = 0) -> float:
+        """Seconds to work off `m`'s queue on the busy GPUs holding it (with `gpus` more); inf with none.
+
+        Idle holders do not count: after the warm pass, an idle GPU holding `m` is kept for another model.
+        """
         c = self.c
-        holders = c.holders(m)
-        running = sum(c.free_at[g] - now for g in holders if g not in c.idle and c.free_at[g] > now)
-        count = len(holders) + gpus
-        return INF if count <= 0 else (self.backlog[m] + running + work) / count
+        busy = [g for g in c.holders(m) if g not in c.idle]
+        count = len(busy) + gpus
+        if count <= 0:
+            return INF
+        return (self.backlog[m] + sum(max(0.0, c.free_at[g] - now) for g in busy)) / count
 
     def _load(self, m: int, gpus: Group, now: float) -> float:
         return self.c.load_estimate(m, gpus, now)[0]
@@ -140,6 +145,9 @@ class Gswarm(Policy):
         if d < INF:
             return d
         head = self.queues[m][0][2]
+        if self.offline:
+            # no arrival is coming to batch with, so a free GPU starts at once, longest path below first
+            return 1e9 + self.rank[head]
         return now - self.ready_at[head] + self.backlog[m] / self.w.models[m].gpus_required
 
     def _keep(self, m: int, grp: Group, now: float) -> float:
@@ -147,7 +155,7 @@ class Gswarm(Policy):
         c = self.c
         node = c.node_of[grp[0]]
         reload = c.fleet.load_seconds(self.w.models[m], c.tiers.tier(m, node, now), node)
-        d = self.drain(m, now, gpus=-len(grp))
+        d = self.drain(m, now)
         if d == INF:
             d = self.backlog[m] / self.w.models[m].gpus_required + reload
         return d + self.patience * reload
@@ -240,6 +248,9 @@ class Gswarm(Policy):
                 pick = self._best_gpus(m, now, free)
                 if pick is not None:
                     want, gpus = self._want(m, now, pick[0], pick[1]), pick[2]
+                    if want <= 0 and self.drain(m, now) == INF:
+                        # nothing running will free a GPU for it: ask again when its wait outgrows the load
+                        self._wake = min(self._wake, now - want + 1e-9)
                 elif self.w.models[m].gpus_required > 1 and self.drain(m, now) == INF:
                     want, gpus = self._want(m, now, 0.0, 0.0), None  # too few free: reserve what there is
                 else:
@@ -262,7 +273,11 @@ class Gswarm(Policy):
             node = max(nodes, key=lambda n: sum(1 for g in c.eligible[m][n] if g in free))
             self.reserved[node] = (m, {g for g in c.eligible[m][node] if g in free})
 
+    def wakeup(self, now: float) -> float | None:
+        return self._wake if self._wake < INF else None
+
     def dispatch(self, now: float) -> Iterator[Decision]:
+        self._wake = INF
         yield from self._reservations(now)
         yield from self._warm(now)
         yield from self._cold(now)
