@@ -46,7 +46,9 @@ def _inputs(config: str, requests: str, gpus: int | None, fleet: str | None, mod
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
-    table = Table("policy", "mode", "steps", "makespan (s)", "loads", "load GPU-s", "latency p50 (s)", "p99 (s)")
+    table = Table()
+    for col in ("policy", "mode", "steps", "makespan (s)", "loads", "load GPU-s", "latency p50 (s)", "p99 (s)"):
+        table.add_column(col, no_wrap=col in ("policy", "mode"))
     table.add_row(
         summary["policy"],
         summary["mode"],
