@@ -65,6 +65,7 @@ def measure(config: Any, trace: dict[str, Any], gpus: int | None, mode: str, pol
 
 
 def online_table(config: Any, requests: int) -> dict[str, dict[str, dict]]:
+    """Part 1: every policy at each utilisation, on 8 GPUs, online."""
     out: dict[str, dict[str, dict]] = {}
     for u in UTILISATIONS:
         trace = generate(bench_config(), requests=requests, gpus=GPUS, utilization=u, seed=1)
@@ -73,6 +74,7 @@ def online_table(config: Any, requests: int) -> dict[str, dict[str, dict]]:
 
 
 def print_online(table: dict[str, dict[str, dict]]) -> None:
+    """Part 1 as a table with ratios to fifo."""
     print(f"\n1. online, {GPUS} GPUs, loads from the config (ratios: x fifo)")
     head = f"{'util':>4}  {'policy':<12}{'loads':>7}{'x':>7}{'p50 s':>9}{'p99 s':>9}{'x':>7}{'makespan':>10}{'viol':>6}"
     print(head)

@@ -46,6 +46,7 @@ def _inputs(config: str, requests: str, gpus: int | None, fleet: str | None, mod
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
+    """The summary of a schedule as one table row."""
     table = Table()
     for col in ("policy", "mode", "steps", "makespan (s)", "loads", "load GPU-s", "latency p50 (s)", "p99 (s)"):
         table.add_column(col, no_wrap=col in ("policy", "mode"))

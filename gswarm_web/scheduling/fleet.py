@@ -35,14 +35,14 @@ class Fleet:
     evicted first). `uniform` fleets (no fleet file) charge every load the config's `load_time_seconds`.
     """
 
-    node_names: list[str]
-    gpu_node: list[int]
-    gpu_local: list[int]
-    gpu_memory_bytes: list[float]
-    dram_bytes: list[float]
-    h2d_bytes_per_s: list[float]
-    disk_bytes_per_s: list[float]
-    network_bytes_per_s: list[float]
+    node_names: list[str] = field(default_factory=list)
+    gpu_node: list[int] = field(default_factory=list)  # per GPU, its node's position in `node_names`
+    gpu_local: list[int] = field(default_factory=list)  # per GPU, its index on its node (the N of gpuN)
+    gpu_memory_bytes: list[float] = field(default_factory=list)
+    dram_bytes: list[float] = field(default_factory=list)  # per node, as the rest below
+    h2d_bytes_per_s: list[float] = field(default_factory=list)
+    disk_bytes_per_s: list[float] = field(default_factory=list)
+    network_bytes_per_s: list[float] = field(default_factory=list)
     hub_bytes_per_s: float = DEFAULT_HUB_GB_PER_S * GB
     capacity: str = "one_model"
     load_overhead_seconds: float = 0.0
@@ -112,7 +112,8 @@ class Fleet:
         if all(g in on_gpus for g in gpus):
             return 0.0, "gpu"
         here = {t for n, t, _ in places if n == node}
-        tier = "dram" if "dram" in here else "disk" if "disk" in here else "peer" if places else "hub"
+        # weights resident on a node's GPU came through that node, so its disk has them too
+        tier = "dram" if "dram" in here else "disk" if here else "peer" if places else "hub"
         return self.load_seconds(model, tier, node), tier
 
     def check_config(self, config: Config, used: set[str], field_name: str = "fleet") -> None:
@@ -131,6 +132,7 @@ class Fleet:
 
 
 def _gpus(doc: Any, field: str) -> list[float]:
+    """GPU memory in bytes, one per GPU: `gpus: 4`, `{count, memory_gb}` or a list of `{memory_gb}`."""
     if isinstance(doc, int) and not isinstance(doc, bool):
         return [float("inf")] * integer(doc, field, minimum=1)
     if isinstance(doc, dict):
@@ -192,7 +194,7 @@ def parse_fleet(doc: Any, field: str = "fleet") -> Fleet:
     nodes = sequence(f.get("nodes"), f"{field}.nodes")
     if not nodes:
         raise refuse(f"{field}.nodes", "a fleet needs at least one node")
-    fleet = Fleet([], [], [], [], [], [], [], [])
+    fleet = Fleet()
     fleet.hub_bytes_per_s = number(f.get("hub_gb_per_s"), f"{field}.hub_gb_per_s", positive=True, default=0.5) * GB
     fleet.capacity = choice(f.get("capacity"), f"{field}.capacity", CAPACITY_RULES, default="one_model")
     fleet.load_overhead_seconds = number(f.get("load_overhead_seconds"), f"{field}.load_overhead_seconds", default=0)

@@ -95,7 +95,7 @@ def fleet_from_view(view: dict[str, Any]) -> Fleet:
     scheduler accounts for itself.
     """
     usable = [n for n in view["nodes"] if n["schedulable"]]
-    fleet = Fleet([], [], [], [], [], [], [], [], hub_bytes_per_s=DEFAULT_HUB_GB_PER_S * GB)
+    fleet = Fleet(hub_bytes_per_s=DEFAULT_HUB_GB_PER_S * GB)
     for n, node in enumerate(usable):
         fleet.node_names.append(node["name"])
         for gpu in node["gpus"]:

@@ -1,7 +1,8 @@
 """The event-driven simulator: arrivals, step ends and policy timers on one heap; the policy decides what starts.
 
-Each event costs O(log events) plus what the policy spends deciding, so a trace of S steps and E edges runs in
-O((S + E) log S) when the policy's decisions are logarithmic too.
+Every step is pushed and popped once (its end), every request once (its arrival), and every edge is touched once
+when its parent ends, so the simulator's own work is O((S + E) log S) for S steps and E edges; what the policy
+spends per decision comes on top (O(GPUs + models) for the built-in ones: no policy rescans the whole queue).
 """
 
 from __future__ import annotations

@@ -48,9 +48,11 @@ class _Check:
         self.runs: dict[int, dict[str, Any]] = {}  # step -> its execution
 
     def add(self, check: str, message: str) -> None:
+        """Record a violation."""
         self.out.append(Violation(check, message))
 
     def name(self, s: int) -> str:
+        """`request/node` of step `s`, as messages name it."""
         return f"{self.w.request_ids[self.w.req[s]]}/{self.w.node[s]}"
 
     def shape(self) -> list[dict[str, Any]]:
@@ -92,6 +94,7 @@ class _Check:
                 self.add("exactly once", f"{self.name(s)} never ran")
 
     def step_fields(self, s: int, e: dict[str, Any]) -> None:
+        """One execution's model, duration, times and GPUs against its step."""
         w, fleet = self.w, self.fleet
         model = w.models[w.model[s]]
         if e["model_name"] != model.name:
@@ -231,6 +234,7 @@ class Reach:
                         self.dram[node][m] = float("-inf")
 
     def arrive(self, m: int, node: int, at: float) -> None:
+        """A load onto `node` completed at `at`: its disk and DRAM have the weights from then on."""
         for tier in (self.disk, self.dram):
             tier[node][m] = min(tier[node].get(m, at), at)
 

@@ -5,17 +5,21 @@ before the network) and counts queueing into startup time; Ray Serve's model mul
 GPUs that already hold the model and evict the least needed one; AlpaServe sizes each model's replicas to its load;
 HEFT orders by upward rank.
 
-How it decides, with `drain(m)` = seconds to work off model m's queue on the GPUs holding it (queued GPU-seconds
-plus what they still run, over their number; infinite with none):
+How it decides, with `drain(m)` = seconds to work off model m's queue on the busy GPUs holding it (queued
+GPU-seconds plus what they still run, over their number):
 - Ready steps wait in one queue per model: oldest request first online, highest upward rank first offline.
-- A GPU that frees takes the next step of the model it holds, so one model's steps run back to back (batching),
-  unless another model is worse served even after paying a load here than this one would be without the GPU.
-- An idle GPU with nothing of its own loads the model whose queue would take longest to drain, if that is longer
-  than the load plus `patience` loads: a step waits a bounded time for a warm GPU rather than paying a load that
-  would not finish it sooner.
+- A GPU that frees takes the next step of the model it holds, so one model's steps run back to back (batching).
+  Only a model no GPU holds, starving (its oldest step waited `starve_loads` of its loads, and longer than this
+  model's queue would wait without the GPU), takes a busy model's GPU instead.
+- An idle GPU with nothing of its own loads the model whose queue waits longest, if that wait exceeds the load
+  plus `patience` loads plus the eviction's cost: a step waits a bounded time for a warm GPU rather than pay a
+  load that would not finish it sooner. A model no GPU holds counts its oldest step's wait plus its queue's work,
+  so online a burst of one model is loaded once and run as a batch; offline (nothing more will arrive) it loads
+  at once, the longest upward rank first.
 - The GPUs it loads onto are the cheapest: the shortest load (weights in DRAM before disk, peer, hub) plus the
-  expected cost of reloading what they hold (its recent demand per GPU that would be left holding it).
-- A multi-GPU model that wins a GPU while too few are free reserves it and waits for the rest of its group on
+  expected cost of reloading what they hold: for a last copy, the chance one of its steps arrives meanwhile (its
+  recent step rate), else its recent demand over the copies left; nothing when the memory rule keeps both.
+- A multi-GPU model that wins while too few GPUs are free reserves them and waits for the rest of its group on
   that node, so it cannot starve behind single-GPU work.
 """
 
@@ -69,20 +73,21 @@ class Gswarm(Policy):
         self.ready_at[s] = now
         work = w.seconds[s] * w.gpus[s]
         self.backlog[m] += work
-        decay = math.exp((self.rate_at[m] - now) / self.window)
+        decay = self._decay(m, now)
         self.rate[m] = self.rate[m] * decay + work / self.window
         self.steps_rate[m] = self.steps_rate[m] * decay + 1.0 / self.window
         self.rate_at[m] = now
 
     def _pop(self, m: int) -> int:
+        """The next step of `m`'s queue, taken off it."""
         s = heapq.heappop(self.queues[m])[2]
         # an empty queue resets the sum, so float rounding cannot leave a phantom backlog behind
         self.backlog[m] = self.backlog[m] - self.w.seconds[s] * self.w.gpus[s] if self.queues[m] else 0.0
         return s
 
-    def _demand(self, m: int, now: float) -> float:
-        """Recent demand of `m` in busy GPUs (GPU-seconds per second, decaying over `window`)."""
-        return self.rate[m] * math.exp((self.rate_at[m] - now) / self.window)
+    def _decay(self, m: int, now: float) -> float:
+        """How much of `m`'s recent rates is left at `now` (they fade over `window` seconds)."""
+        return math.exp((self.rate_at[m] - now) / self.window)
 
     # -- estimates ---------------------------------------------------------------------------------------------
 
@@ -102,21 +107,22 @@ class Gswarm(Policy):
         return self.c.load_estimate(m, gpus, now)[0]
 
     def _evict_cost(self, g: int, m: int, now: float) -> float:
-        """Expected seconds of reloading what GPU `g` holds if `m` takes it now (0 when it holds `m` or nothing).
+        """Expected seconds of reloading what `m` would push off GPU `g` now (0 if nothing has to go).
 
         The last copy of a model is needed again with the chance that one of its steps arrives while `g` is tied
         up with `m` (from its recent step rate); a model with other copies only when they would be busy (its recent
         demand in busy GPUs over the copies left)."""
         c = self.c
         old = c.model_on(g)
-        if old is None or old == m:
+        res = c.residency
+        if old is None or old == m or (not res.one_model and res.used[g] + res.share[m] <= res.memory[g]):
             return 0.0
         if self.queues[old]:
             return INF  # it has queued work of its own: taking it is a switch, weighed in `_switch`
         node = c.node_of[g]
         reload = c.fleet.load_seconds(self.w.models[old], c.tiers.tier(old, node, now), node)
         left = len(c.holders(old)) - self.w.models[old].gpus_required
-        decay = math.exp((self.rate_at[old] - now) / self.window)
+        decay = self._decay(old, now)
         if left <= 0:
             busy_for = reload + self._load(m, (g,), now) + self.backlog[m] / max(1, len(c.holders(m)) + 1)
             need = 1.0 - math.exp(-self.steps_rate[old] * decay * busy_for)
@@ -163,6 +169,7 @@ class Gswarm(Policy):
     # -- decisions ---------------------------------------------------------------------------------------------
 
     def _warm_group(self, m: int) -> Group | None:
+        """Idle, unreserved GPUs that hold `m` as one group."""
         c = self.c
         for g in c.holders(m):
             if g in c.idle and not self._is_reserved(g):
@@ -194,7 +201,7 @@ class Gswarm(Policy):
                 continue
             if k > len(grp) and (node in self.reserved or len(c.eligible[x][node]) < k):
                 continue
-            load = self._load(x, grp, now) if k == len(grp) else c.fleet.load_seconds(self.w.models[x], "hub", node)
+            load = c.fleet.load_seconds(self.w.models[x], c.tiers.tier(x, node, now), node)
             waited = now - self.ready_at[q[0][2]]
             if waited < self.starve * load:
                 continue
@@ -274,6 +281,7 @@ class Gswarm(Policy):
             self.reserved[node] = (m, {g for g in c.eligible[m][node] if g in free})
 
     def wakeup(self, now: float) -> float | None:
+        """When a bounded wait ends for a model nothing running will free a GPU for."""
         return self._wake if self._wake < INF else None
 
     def dispatch(self, now: float) -> Iterator[Decision]:
