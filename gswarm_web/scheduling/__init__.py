@@ -11,7 +11,7 @@ from .config import Config, ModelSpec, load_config, parse_config
 from .fleet import Fleet, load_fleet, parse_fleet
 from .live import fleet_from_view, fleet_view
 from .policies import DEFAULT_POLICY, POLICIES, PUBLIC_POLICIES, Policy, make_policy
-from .simulator import Simulation, simulate
+from .simulator import PolicyError, Simulation, simulate
 from .validator import Violation, validate
 from .workload import MODES, Workload, parse_requests
 
@@ -24,6 +24,7 @@ __all__ = [
     "Fleet",
     "ModelSpec",
     "Policy",
+    "PolicyError",
     "Simulation",
     "Violation",
     "Workload",

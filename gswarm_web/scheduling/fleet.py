@@ -116,6 +116,16 @@ class Fleet:
         tier = "dram" if "dram" in here else "disk" if here else "peer" if places else "hub"
         return self.load_seconds(model, tier, node), tier
 
+    def load_estimate(self, model: str, gpus: Sequence[int]) -> tuple[float, str]:
+        """Live placement's question: seconds and tier to bring `model` (by name, its size as the fleet knows it)
+        onto `gpus` (global indices, one node), from where its weights are now."""
+        if model not in self.size_bytes:
+            raise refuse("model", f"the fleet does not know the size of {model!r}", model)
+        if not gpus or any(not 0 <= g < self.gpus for g in gpus) or len({self.gpu_node[g] for g in gpus}) > 1:
+            raise refuse("gpus", f"{list(gpus)} are not GPUs of one node of this fleet")
+        spec = ModelSpec(model, self.size_bytes[model] / GB, len(gpus), 0.0)
+        return self.estimate(spec, gpus)
+
     def check_config(self, config: Config, used: set[str], field_name: str = "fleet") -> None:
         """Refuse a model that a trace uses but no node can host (too few GPUs or too little memory per GPU)."""
         per_node = self.node_gpus()

@@ -228,6 +228,10 @@ def test_the_fleet_of_a_view_estimates_loads_from_where_weights_are_now() -> Non
     assert fleet.estimate(llm, [1]) == (pytest.approx(0.7), "dram")  # 14 GB over node1's 20 GB/s
     assert fleet.estimate(llm, [2])[1] == "disk"
     assert fleet.estimate(img, [0])[1] == "hub"  # its only copy is on an offline node
+    # the same by name, as live placement asks it, with the size the view gives
+    assert fleet.load_estimate("llm", [1]) == (pytest.approx(0.7), "dram")
+    assert refused(fleet.load_estimate, "ghost", [0]).details["field"] == "model"
+    assert refused(fleet.load_estimate, "llm", [0, 2]).details["field"] == "gpus"  # two nodes
 
 
 def test_fleet_view_refuses_malformed_nodes_naming_the_field() -> None:

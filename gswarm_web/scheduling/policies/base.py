@@ -9,15 +9,20 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..cluster import Cluster, Group
 from ..workload import Workload
 
-if TYPE_CHECKING:
-    from ..simulator import Simulation
-
 Decision = tuple[int, Group]
+
+
+class Driver(Protocol):
+    """What drives a policy: the simulator, or live placement offering the same three things."""
+
+    workload: Workload  # the steps, their models, seconds, parents and requests
+    cluster: Cluster  # who is busy, what each GPU holds, where weights are
+    ready: list[bool]  # per step: its parents are done and its request has arrived
 
 
 class Policy:
@@ -28,7 +33,7 @@ class Policy:
     def __init__(self, **options: Any) -> None:
         self.options = options
 
-    def bind(self, sim: Simulation) -> None:
+    def bind(self, sim: Driver) -> None:
         """Called once before the first event."""
         self.sim = sim
         self.w: Workload = sim.workload
@@ -88,7 +93,7 @@ class Committed(Policy):
     committed in one global order, so no two steps can wait on each other.
     """
 
-    def bind(self, sim: Simulation) -> None:
+    def bind(self, sim: Driver) -> None:
         super().bind(sim)
         self.queues: list[deque[int]] = [deque() for _ in range(self.c.gpus)]
         self.target: dict[int, Group] = {}

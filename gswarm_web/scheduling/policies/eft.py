@@ -6,13 +6,8 @@ committed there, warm or cold: a GPU whose last committed model is the step's ow
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..cluster import Group
-from .base import Committed
-
-if TYPE_CHECKING:
-    from ..simulator import Simulation
+from .base import Committed, Driver
 
 
 class Eft(Committed):
@@ -20,7 +15,7 @@ class Eft(Committed):
 
     name = "eft"
 
-    def bind(self, sim: Simulation) -> None:
+    def bind(self, sim: Driver) -> None:
         super().bind(sim)
         c = self.c
         self.plan_end = [0.0] * c.gpus

@@ -28,13 +28,9 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from ..cluster import Group
-from .base import Decision, Policy
-
-if TYPE_CHECKING:
-    from ..simulator import Simulation
+from .base import Decision, Driver, Policy
 
 INF = float("inf")
 
@@ -44,7 +40,7 @@ class Gswarm(Policy):
 
     name = "gswarm"
 
-    def bind(self, sim: Simulation) -> None:
+    def bind(self, sim: Driver) -> None:
         super().bind(sim)
         o = self.options
         self.patience = float(o.get("patience", 0.5))  # loads' worth of extra waiting before paying a load

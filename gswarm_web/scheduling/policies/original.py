@@ -10,14 +10,10 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from ..cluster import Group
-from .base import Decision, Policy, idle_group
+from .base import Decision, Driver, Policy, idle_group
 from .eft import Eft
-
-if TYPE_CHECKING:
-    from ..simulator import Simulation
 
 
 class OfflineBatch(Eft):
@@ -26,7 +22,7 @@ class OfflineBatch(Eft):
 
     name = "offline"
 
-    def bind(self, sim: Simulation) -> None:
+    def bind(self, sim: Driver) -> None:
         super().bind(sim)
         self.arrived: list[int] = []
         self.level = [0] * self.w.steps
@@ -64,7 +60,7 @@ class OnlineCost(Policy):
 
     name = "online"
 
-    def bind(self, sim: Simulation) -> None:
+    def bind(self, sim: Driver) -> None:
         super().bind(sim)
         o = self.options
         self.alpha, self.beta = float(o.get("alpha", 1.0)), float(o.get("beta", 1.5))

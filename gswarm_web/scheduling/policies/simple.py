@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from ..cluster import Group
-from .base import Committed, Decision, Policy, idle_group, lru_key
-
-if TYPE_CHECKING:
-    from ..simulator import Simulation
+from .base import Committed, Decision, Driver, Policy, idle_group, lru_key
 
 
 class Fifo(Policy):
@@ -18,7 +14,7 @@ class Fifo(Policy):
 
     name = "fifo"
 
-    def bind(self, sim: Simulation) -> None:
+    def bind(self, sim: Driver) -> None:
         super().bind(sim)
         self.queue: list[tuple[float, int]] = []
 
@@ -41,7 +37,7 @@ class RoundRobin(Committed):
 
     name = "round_robin"
 
-    def bind(self, sim: Simulation) -> None:
+    def bind(self, sim: Driver) -> None:
         super().bind(sim)
         self.next = 0
 
