@@ -45,7 +45,7 @@ def _panel(ax: Any, title: str, doc: dict[str, Any], colour: dict[str, Any], gpu
                 loads[g].append((e["start_time"] - e["switch_time"], e["switch_time"]))
     # One call per GPU and model keeps tens of thousands of steps quick to draw.
     for (g, model), spans in runs.items():
-        ax.broken_barh(spans, (g - 0.4, 0.8), facecolors=colour[model], edgecolor="none")
+        ax.broken_barh(spans, (g - 0.4, 0.8), facecolors=colour[model], edgecolor="white", linewidth=0.3)
     for g, spans in loads.items():
         ax.broken_barh(spans, (g - 0.4, 0.8), facecolors="white", edgecolor="black", hatch="////", linewidth=0.3)
     s = doc.get("summary", {})

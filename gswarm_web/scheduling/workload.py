@@ -71,7 +71,9 @@ def parse_requests(doc: Any, config: Config, field: str = "requests") -> list[Re
         rf = f"{field}[{i}]"
         req = mapping(item, rf)
         rid = req.get("request_id")
-        rid = text(rid if not isinstance(rid, int) or isinstance(rid, bool) else str(rid), f"{rf}.request_id")
+        if isinstance(rid, int) and not isinstance(rid, bool):
+            rid = str(rid)  # YAML reads `request_id: 7` as a number
+        rid = text(rid, f"{rf}.request_id")
         if rid in seen:
             raise refuse(f"{rf}.request_id", f"duplicate request id {rid!r}", rid)
         seen.add(rid)
