@@ -8,6 +8,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -95,6 +96,7 @@ class Heartbeat:
         address: str,
         interval_s: float,
         extra: dict[str, Any] | None = None,
+        stats: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.client = client
         self.node = node
@@ -103,6 +105,7 @@ class Heartbeat:
         self.address = address
         self.interval_s = interval_s
         self.extra = dict(extra or {})
+        self.stats = stats  # numbers that change between beats (frames dropped)
         self.started_at = time.time()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -110,6 +113,8 @@ class Heartbeat:
 
     def payload(self, state: str) -> dict[str, Any]:
         extra = {**self.extra, "state": state, "started_at": self.started_at, "sent_at": time.time()}
+        if self.stats is not None:
+            extra.update(self.stats())
         return node_info(self.node, self.storage_root, self.dram_root, self.address, extra=extra)
 
     def beat(self, state: str = "up") -> bool:

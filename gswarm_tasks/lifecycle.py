@@ -26,6 +26,7 @@ from .reporting import redis_of, report
 from .sampler import Sampler
 from .serving import ServiceMonitor, ServiceRegistry
 from .settings import Settings
+from .spill import FrameSpill
 from .storage import Tiers
 from .transfer.server import FileServer
 from .transfer.tokens import transfer_secret
@@ -115,19 +116,27 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
 
     _threads.monitor = ServiceMonitor(node.services, settings.serve_check_interval_s, on_checked)
     _threads.monitor.start()
-    extra = {"worker": node.worker, "queues": [node.name], "file_port": node.file_port}
-    _threads.heartbeat = Heartbeat(
-        client, node.name, node.storage_root, node.dram_root, node.address, settings.heartbeat_interval_s, extra
-    )
-    _threads.heartbeat.start()
-    _threads.sampler = Sampler(
+    sampler = _threads.sampler = Sampler(
         redis.Redis.from_url(settings.effective_redis_url, socket_timeout=2, socket_connect_timeout=2),
         node.name,
         settings.profiling_frequency_ms / 1000,
         bandwidth=settings.profiling_bandwidth,
         nvlink=settings.profiling_nvlink,
+        spill=FrameSpill(node.storage_root, settings.profiling_spill_max_bytes),
     )
-    _threads.sampler.start()
+    sampler.start()
+    extra = {"worker": node.worker, "queues": [node.name], "file_port": node.file_port}
+    _threads.heartbeat = Heartbeat(
+        client,
+        node.name,
+        node.storage_root,
+        node.dram_root,
+        node.address,
+        settings.heartbeat_interval_s,
+        extra,
+        stats=lambda: {"frames_dropped": sampler.frames_dropped},
+    )
+    _threads.heartbeat.start()
 
 
 def _start_file_server(

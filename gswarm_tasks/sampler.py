@@ -2,7 +2,9 @@
 
 It runs on its own thread in the node worker's main process, so a long task never delays a frame. The
 period is the shortest among active sessions that include this node (default: `profiling.default_frequency`).
-Frames go out pipelined; while Redis is unreachable they wait in a bounded buffer and are flushed in order.
+Frames go out pipelined, each with the stream id of its sample time on Redis' clock. While Redis is unreachable
+they go to the spill file (`spill.py`), which outlives the worker and is replayed, in order, once Redis answers;
+without one they wait in a bounded buffer. A frame lost to a bound is counted, never silently.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import redis
 
 from . import names
 from .nvml import GpuSource, default_source
+from .spill import FrameSpill
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +68,14 @@ class Sampler:
         buffer_size: int = 10_000,
         bandwidth: bool = True,
         nvlink: bool = False,
+        spill: FrameSpill | None = None,
     ) -> None:
         self.client = client
+        self.spill = spill
+        # Redis' clock minus ours, measured with every flush; a worker that starts while Redis is down goes on
+        # with what its predecessor measured.
+        self.skew_s = (spill.last_skew() if spill is not None else None) or 0.0
+        self._last_ms = 0
         self.node = node
         self.default_period_s = max(MIN_PERIOD_S, default_period_s)
         self.source = source or default_source()
@@ -117,25 +126,56 @@ class Sampler:
         with self._flush_lock:
             return self._flush()
 
-    def _flush(self) -> bool:
-        if not self.buffer:
-            return True
-        frames = list(self.buffer)
-        try:
+    @property
+    def frames_dropped(self) -> int:
+        """Frames lost to a bound (the buffer's, or the spill file's), since the spill file began counting."""
+        return self.dropped + (self.spill.dropped if self.spill is not None else 0)
+
+    def _id(self, frame: dict[str, Any]) -> str:
+        ms = max(int((float(frame["time"]) + self.skew_s) * 1000), self._last_ms + 1)
+        self._last_ms = ms
+        return f"{ms}-0"
+
+    def _send(self, frames: list[dict[str, Any]]) -> None:
+        stream = names.frames_stream(self.node)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.time()
+        for f in frames:
+            pipe.xadd(stream, {"data": json.dumps(f)}, id=self._id(f), maxlen=names.FRAMES_MAXLEN, approximate=True)
+        sent_at = time.time()
+        results = pipe.execute(raise_on_error=False)
+        for r in results:
+            if isinstance(r, redis.ConnectionError | redis.TimeoutError):
+                raise r
+        seconds, micros = results[0]
+        self.skew_s = seconds + micros / 1e6 - sent_at
+        refused = [f for f, r in zip(frames, results[1:], strict=True) if isinstance(r, Exception)]
+        if refused:  # ids below the stream's last one (the clock moved back): these take Redis' own ids
             pipe = self.client.pipeline(transaction=False)
-            stream = names.frames_stream(self.node)
-            for f in frames:
+            for f in refused:
                 pipe.xadd(stream, {"data": json.dumps(f)}, maxlen=names.FRAMES_MAXLEN, approximate=True)
             pipe.execute()
+
+    def _flush(self) -> bool:
+        frames = list(self.buffer)
+        try:
+            if self.spill is not None and self.spill.pending():
+                self.spill.replay(self.client, self.node)  # older than anything buffered: it goes first
+            if frames:
+                self._send(frames)
         except redis.RedisError as exc:
             if not self._failing:
-                log.warning("frames of %s are buffered until Redis answers: %s", self.node, exc)
+                log.warning("frames of %s wait until Redis answers: %s", self.node, exc)
             self._failing = True
+            if self.spill is not None and frames:  # on disk, they outlive this worker
+                self.spill.append(frames, self.skew_s)
+                for _ in frames:
+                    self.buffer.popleft()
             return False
         for _ in frames:  # the sampler only appends, so the first len(frames) are the ones sent
             self.buffer.popleft()
         if self._failing:
-            log.info("Redis is back: %d buffered frames of %s sent", len(frames), self.node)
+            log.info("Redis is back: the frames of %s that waited are sent", self.node)
         self._failing = False
         return True
 

@@ -214,6 +214,13 @@ OPTIONS: tuple[Option, ...] = (
         "Record NVLink bandwidth by default (false)",
     ),
     Option(
+        "profiling_spill_max_bytes",
+        "GSWARM_PROFILING_SPILL_MAX_BYTES",
+        "profiling.spill_max_bytes",
+        parse_size,
+        "Bytes of frames a node keeps on disk while Redis is unreachable; past it frames are dropped, counted (64MB)",
+    ),
+    Option(
         "allowed_roots",
         "GSWARM_MODELS_ALLOWED_ROOTS",
         "models.allowed_roots",
@@ -371,6 +378,7 @@ class Settings:
     profiling_frequency_ms: int = defaults.PROFILING_FREQUENCY_MS
     profiling_bandwidth: bool = True
     profiling_nvlink: bool = False
+    profiling_spill_max_bytes: int = 64_000_000
     allowed_roots: tuple[str, ...] = ()
     file_host: str | None = None
     file_port: int = 0

@@ -53,6 +53,7 @@ class Node(db.Model):  # type: ignore[name-defined]
     gpu_metrics: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     gpu_fingerprint: Mapped[str | None] = mapped_column(String(64))
     file_port: Mapped[int | None] = mapped_column(Integer)
+    frames_dropped: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # frames lost to a bound
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     first_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
@@ -228,6 +229,7 @@ class ProfilerSession(db.Model):  # type: ignore[name-defined]
     start_time: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     end_time: Mapped[datetime | None] = mapped_column(UTCDateTime)
     frame_count: Mapped[int | None] = mapped_column(Integer)
+    host_frame_count: Mapped[int | None] = mapped_column(Integer)
     summary_by_device: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     summary_by_node: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     request_time_info: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)

@@ -14,6 +14,7 @@ BLUEPRINTS: tuple[Blueprint, ...] = (
     workflows.blp,
     queue.blp,
     profiler.blp,
+    profiler.root,
     data.blp,
     tokens.blp,
 )

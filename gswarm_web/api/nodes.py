@@ -50,6 +50,9 @@ class NodeSchema(ma.Schema):
     storage = ma.fields.Dict()
     gpus = ma.fields.List(ma.fields.Nested(GpuSchema))
     file_port = ma.fields.Integer(allow_none=True)
+    frames_dropped = ma.fields.Integer(
+        metadata={"description": "profiler frames the node lost to a bound while Redis was unreachable"}
+    )
 
     def get_status(self, node: Node) -> str:
         return node_status(node, datetime.now(UTC), *_timeouts())

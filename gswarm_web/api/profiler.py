@@ -14,7 +14,7 @@ from gswarm_tasks.errors import Conflict, InvalidRequest, NotFound
 
 from ..control.frames import latest_frames
 from ..control.metrics import prometheus_text
-from ..control.session_state import document, get_session, publish, unpublish
+from ..control.session_state import document, frame_counts, get_session, publish, unpublish
 from ..extensions import db, redis_client
 from ..plots import render, step_spans
 from ..tables import Node, ProfilerSession, TaskRecord
@@ -23,6 +23,7 @@ TEXT = {"text/plain": {"schema": {"type": "string"}}}
 FIGURE = {kind: {"schema": {"type": "string", "format": "binary"}} for kind in ("image/png", "application/pdf")}
 
 blp = Blueprint("profiler", __name__, url_prefix="/api/v1", description="GPU profiling sessions and metrics")
+root = Blueprint("prometheus", __name__, url_prefix="/", description="Prometheus' default scrape path")
 
 
 class SessionCreateSchema(ma.Schema):
@@ -42,7 +43,8 @@ class SessionSchema(ma.Schema):
     enable_nvlink = ma.fields.Boolean()
     start_time = ma.fields.DateTime()
     end_time = ma.fields.DateTime(allow_none=True)
-    frame_count = ma.fields.Integer(allow_none=True)
+    frame_count = ma.fields.Integer(allow_none=True, metadata={"description": "frames with GPU readings"})
+    host_frame_count = ma.fields.Integer(allow_none=True, metadata={"description": "host readings (every frame)"})
     summary_by_device = ma.fields.Dict(allow_none=True)
     summary_by_node = ma.fields.Dict(allow_none=True)
 
@@ -97,7 +99,8 @@ class SessionByName(MethodView):
         doc = document(s)
         out = {key: getattr(s, key) for key in (f.attribute or n for n, f in SessionSchema().fields.items())}
         out.update(
-            frame_count=len({f["frame_id"] for f in doc["frames"]}),
+            frame_count=frame_counts(doc)[0],
+            host_frame_count=frame_counts(doc)[1],
             summary_by_device=doc["summary_by_device"],
             summary_by_node=doc["summary_by_node"],
         )
@@ -117,7 +120,7 @@ class SessionStop(MethodView):
         s.end_time, s.state = datetime.now(UTC), "stopped"
         unpublish(name)
         doc = document(s)
-        s.frame_count = len({f["frame_id"] for f in doc["frames"]})
+        s.frame_count, s.host_frame_count = frame_counts(doc)
         s.summary_by_device, s.summary_by_node = doc["summary_by_device"], doc["summary_by_node"]
         db.session.commit()
         return s
@@ -127,10 +130,12 @@ class SessionStop(MethodView):
 class SessionExport(MethodView):
     @blp.response(200)
     def get(self, name: str) -> dict[str, Any]:
-        """The session's frames (one entry per GPU reading) and summaries, as JSON"""
+        """The session's GPU readings (`frames`), host readings (`host_frames`), summaries and the workflow steps
+        that ran in its window (`steps`), as JSON"""
         s = get_session(name)
         doc = document(s)
         doc["request_time_info"] = s.request_time_info
+        doc["steps"] = step_spans(steps_until(s.end_time), s.start_time, s.end_time)
         return doc
 
 
@@ -168,12 +173,40 @@ class MetricsLatest(MethodView):
         return {"nodes": {n: {**f, "age_s": round(now - float(f["time"]), 3)} for n, f in sorted(frames.items())}}
 
 
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text format every Prometheus takes, 3.x included
+
+
+def _prometheus() -> Response:
+    return Response(prometheus_text(latest_frames(redis_client())), content_type=CONTENT_TYPE)
+
+
 @blp.route("/metrics")
 class Metrics(MethodView):
     @blp.doc(responses={"200": {"description": "Prometheus text exposition format", "content": TEXT}})
     def get(self) -> Response:
-        """Prometheus text format; GPU gauges named as NVIDIA's DCGM exporter names them"""
-        return Response(prometheus_text(latest_frames(redis_client())), mimetype="text/plain; version=0.0.4")
+        """Prometheus text format; GPU gauges named and labelled as NVIDIA's DCGM exporter does"""
+        return _prometheus()
+
+
+@root.route("/metrics")
+class RootMetrics(MethodView):
+    @root.doc(responses={"200": {"description": "Prometheus text exposition format", "content": TEXT}})
+    def get(self) -> Response:
+        """The same as `/api/v1/metrics`, where Prometheus looks by default (`metrics_path: /metrics`)"""
+        return _prometheus()
+
+
+def steps_until(end: datetime | None) -> list[TaskRecord]:
+    """Workflow steps that started before `end` (now for an active session)."""
+    return list(
+        db.session.scalars(
+            db.select(TaskRecord).where(
+                TaskRecord.workflow_id.is_not(None),
+                TaskRecord.started_at.is_not(None),
+                TaskRecord.started_at <= (end or datetime.now(UTC)),
+            )
+        )
+    )
 
 
 class PlotArgsSchema(ma.Schema):
@@ -185,17 +218,11 @@ class SessionPlot(MethodView):
     @blp.arguments(PlotArgsSchema, location="query")
     @blp.doc(responses={"200": {"description": "The figure", "content": FIGURE}})
     def get(self, args: dict[str, Any], name: str) -> Response:
-        """Utilization, memory, bandwidth and a heatmap over time, with workflow steps as spans (PNG or PDF)"""
+        """GPU utilization, memory, bandwidth and a heatmap, host CPU, DRAM, disk and network over time, with the
+        workflow steps as spans (PNG or PDF)"""
         s = get_session(name)
         doc = document(s)
-        rows = db.session.scalars(
-            db.select(TaskRecord).where(
-                TaskRecord.workflow_id.is_not(None),
-                TaskRecord.started_at.is_not(None),
-                TaskRecord.started_at <= (s.end_time or datetime.now(UTC)),
-            )
-        )
-        data, panels = render(doc, step_spans(list(rows), s.start_time, s.end_time), args["format"])
+        data, panels = render(doc, step_spans(steps_until(s.end_time), s.start_time, s.end_time), args["format"])
         resp = Response(data, mimetype="image/png" if args["format"] == "png" else "application/pdf")
         resp.headers["X-Panels"] = str(panels)
         return resp

@@ -47,7 +47,7 @@ def stop(name: str | None) -> None:
     names = [name] if name else [s["name"] for s in c.get("profiler/sessions") if s["status"] == "active"]
     for n in names:
         s = c.post(f"profiler/sessions/{n}/stop", {})
-        console.print(f"session {n} stopped: {s['frame_count']} frames")
+        console.print(f"session {n} stopped: {s['frame_count']} GPU frames, {s['host_frame_count']} host frames")
         for dev, st in (s.get("summary_by_device") or {}).items():
             console.print(
                 f"  {dev}: util mean {st['gpu_util']['mean']} max {st['gpu_util']['max']}, "
@@ -78,7 +78,7 @@ def status() -> None:
 @profiler.command("sessions")
 def sessions() -> None:
     """Every session."""
-    table = Table("name", "status", "freq ms", "nodes", "start", "end", "frames")
+    table = Table("name", "status", "freq ms", "nodes", "start", "end", "GPU frames", "host frames")
     for s in api().get("profiler/sessions"):
         table.add_row(
             s["name"],
@@ -87,7 +87,8 @@ def sessions() -> None:
             ",".join(s["nodes"]) or "all",
             s["start_time"][:19],
             (s["end_time"] or "-")[:19],
-            str(s["frame_count"] or "-"),
+            str(s["frame_count"] if s["frame_count"] is not None else "-"),
+            str(s["host_frame_count"] if s["host_frame_count"] is not None else "-"),
         )
     console.print(table)
 
@@ -107,7 +108,9 @@ def export(name: str, output: str | None) -> None:
     doc = api().get(f"profiler/sessions/{name}/export")
     path = Path(output or f"{name}.json")
     path.write_text(json.dumps(doc))
-    console.print(f"wrote {path} ({len(doc['frames'])} GPU readings)")
+    console.print(
+        f"wrote {path} ({len(doc['frames'])} GPU readings, {len(doc.get('host_frames') or [])} host readings)"
+    )
 
 
 @profiler.command("analyze")
@@ -123,7 +126,12 @@ def analyze(data: str, plot: str) -> None:
             f"{dev}: util mean {st['gpu_util']['mean']} p95 {st['gpu_util']['p95']} max "
             f"{st['gpu_util']['max']}; memory mean {st['gpu_memory']['mean']}%"
         )
+    for node, st in (doc.get("summary_by_node") or {}).items():
+        console.print(
+            f"{node}: {st['frames']} frames; cpu mean {st['cpu_percent']['mean']}% max {st['cpu_percent']['max']}%; "
+            f"dram mean {st['dram_percent']['mean']}%"
+        )
     fmt = "pdf" if plot.lower().endswith(".pdf") else "png"
-    out, panels = render(doc, None, fmt)
+    out, panels = render(doc, doc.get("steps") or None, fmt)
     Path(plot).write_bytes(out)
     console.print(f"wrote {plot} ({panels} panels)")

@@ -53,6 +53,22 @@ def _label(v: Any) -> str:
     return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _gpu_labels(node: str, g: dict[str, Any]) -> str:
+    """The labels NVIDIA's DCGM exporter gives a GPU (gpu, UUID, pci_bus_id, device, modelName, hostname), and
+    `instance` = the node, so a scrape with `honor_labels: true` sees one instance per node as it would with
+    one exporter per host."""
+    labels = [("gpu", g.get("index")), ("UUID", g.get("uuid"))]
+    if g.get("pci_bus_id"):
+        labels.append(("pci_bus_id", g["pci_bus_id"]))
+    labels += [("device", f"nvidia{g.get('index')}"), ("modelName", g.get("name")), ("hostname", node)]
+    labels.append(("instance", node))
+    return ",".join(f'{k}="{_label(v)}"' for k, v in labels)
+
+
+def _node_labels(node: str) -> str:
+    return f'hostname="{_label(node)}",instance="{_label(node)}"'
+
+
 def prometheus_text(latest: dict[str, dict[str, Any]]) -> str:
     lines: list[str] = []
     for name, help_, get in DCGM:
@@ -60,24 +76,19 @@ def prometheus_text(latest: dict[str, dict[str, Any]]) -> str:
         for node, f in sorted(latest.items()):
             for g in f.get("gpus") or []:
                 value = get(g)
-                if value is None:
-                    continue
-                labels = (
-                    f'gpu="{g.get("index")}",UUID="{_label(g.get("uuid"))}",device="nvidia{g.get("index")}",'
-                    f'modelName="{_label(g.get("name"))}",Hostname="{_label(node)}"'
-                )
-                lines.append(f"{name}{{{labels}}} {float(value)}")
+                if value is not None:
+                    lines.append(f"{name}{{{_gpu_labels(node, g)}}} {float(value)}")
     for name, help_, key in HOST:
         lines += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
         for node, f in sorted(latest.items()):
             value = (f.get("host") or {}).get(key)
             if isinstance(value, int | float):
-                lines.append(f'{name}{{Hostname="{_label(node)}"}} {float(value)}')
+                lines.append(f"{name}{{{_node_labels(node)}}} {float(value)}")
     lines += [
         "# HELP gswarm_frame_age_seconds Seconds since the node's newest frame.",
         "# TYPE gswarm_frame_age_seconds gauge",
     ]
     now = time.time()
     for node, f in sorted(latest.items()):
-        lines.append(f'gswarm_frame_age_seconds{{Hostname="{_label(node)}"}} {round(now - float(f["time"]), 3)}')
+        lines.append(f"gswarm_frame_age_seconds{{{_node_labels(node)}}} {round(now - float(f['time']), 3)}")
     return "\n".join(lines) + "\n"

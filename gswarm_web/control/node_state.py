@@ -128,6 +128,7 @@ def apply_heartbeats(entries: list[tuple[Any, dict[Any, Any]]]) -> int:
                 "gpu_metrics": gpus,
                 "gpu_fingerprint": fp,
                 "file_port": _num(data.get("file_port")),
+                "frames_dropped": int(_num(data.get("frames_dropped")) or 0),
                 "started_at": datetime.fromtimestamp(started, UTC) if started else None,
                 "first_seen": seen,
                 "last_seen": seen,

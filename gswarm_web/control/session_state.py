@@ -63,61 +63,84 @@ def at_frequency(frames: list[dict], period_s: float) -> list[dict]:
     return kept
 
 
+HOST_KEYS = (
+    "cpu_percent",
+    "dram_used_bytes",
+    "dram_percent",
+    "disk_read_bytes_per_s",
+    "disk_write_bytes_per_s",
+    "net_rx_bytes_per_s",
+    "net_tx_bytes_per_s",
+)
+GPU_KEYS = {"gpu_util": "utilization_percent", "gpu_memory": "memory_percent"}
+
+
+def _gpu_row(fid: int, f: dict[str, Any], g: dict[str, Any], bandwidth: bool, nvlink: bool) -> dict[str, Any]:
+    """One GPU reading as the export lists it; a field the GPU did not report is absent."""
+    row: dict[str, Any] = {
+        "frame_id": fid,
+        "time": f["time"],
+        "gpu_id": f"{f['node']}:{g.get('index')}:{g.get('name')}",
+    }
+    for out, key in GPU_KEYS.items():
+        row[out] = g.get(key)
+    wanted = (("pcie_rx_bytes_per_s", "pcie_tx_bytes_per_s") if bandwidth else ()) + (
+        ("nvlink_rx_bytes_per_s", "nvlink_tx_bytes_per_s") if nvlink else ()
+    )
+    row.update({k: g[k] for k in wanted if g.get(k) is not None})
+    return row
+
+
+def _host_row(fid: int, f: dict[str, Any]) -> dict[str, Any]:
+    host = f.get("host") or {}
+    return {
+        "frame_id": fid,
+        "time": f["time"],
+        "node": f["node"],
+        **{k: host[k] for k in HOST_KEYS if isinstance(host.get(k), int | float)},
+    }
+
+
 def export_document(
     name: str, start: datetime, end: datetime | None, frames: list[dict], bandwidth: bool, nvlink: bool
 ) -> dict[str, Any]:
-    """The export shape of DESIGN.md: one entry per GPU reading, plus summaries per device and per node."""
-    out_frames = []
-    per_dev: dict[str, dict[str, list[float]]] = {}
-    per_node: dict[str, dict[str, list[float]]] = {}
+    """The export shape of DESIGN.md: one entry per GPU reading (`frames`) and per host reading (`host_frames`),
+    in one time base, with summaries per device and per node."""
+    gpu_rows: list[dict[str, Any]] = []
+    host_rows: list[dict[str, Any]] = []
     for fid, f in enumerate(frames):
-        host = f.get("host") or {}
-        nd = per_node.setdefault(f["node"], {"cpu_percent": [], "dram_percent": []})
-        for key in nd:
-            if isinstance(host.get(key), int | float):
-                nd[key].append(float(host[key]))
-        for g in f.get("gpus") or []:
-            gid = f"{f['node']}:{g.get('index')}:{g.get('name')}"
-            row: dict[str, Any] = {
-                "frame_id": fid,
-                "time": f["time"],
-                "gpu_id": gid,
-                "gpu_util": g.get("utilization_percent"),
-                "gpu_memory": g.get("memory_percent"),
-            }
-            if bandwidth:
-                row["pcie_rx_bytes_per_s"] = g.get("pcie_rx_bytes_per_s")
-                row["pcie_tx_bytes_per_s"] = g.get("pcie_tx_bytes_per_s")
-            if nvlink:
-                row["nvlink_rx_bytes_per_s"] = g.get("nvlink_rx_bytes_per_s")
-                row["nvlink_tx_bytes_per_s"] = g.get("nvlink_tx_bytes_per_s")
-            out_frames.append(row)
-            d = per_dev.setdefault(gid, {"gpu_util": [], "gpu_memory": []})
-            for key in d:
-                if isinstance(row[key], int | float):
-                    d[key].append(float(row[key]))
+        host_rows.append(_host_row(fid, f))
+        gpu_rows.extend(_gpu_row(fid, f, g, bandwidth, nvlink) for g in f.get("gpus") or [])
+    per_dev: dict[str, list[dict[str, Any]]] = {}
+    for row in gpu_rows:
+        per_dev.setdefault(row["gpu_id"], []).append(row)
+    per_node: dict[str, list[dict[str, Any]]] = {}
+    for row in host_rows:
+        per_node.setdefault(row["node"], []).append(row)
     return {
         "session_name": name,
         "start_time": start.isoformat(),
         "end_time": end.isoformat() if end else None,
-        "frames": out_frames,
+        "frames": gpu_rows,
+        "host_frames": host_rows,
         "summary_by_device": {
-            gid: {
-                "samples": len(v["gpu_util"]),
-                "gpu_util": _stats(v["gpu_util"]),
-                "gpu_memory": _stats(v["gpu_memory"]),
-            }
-            for gid, v in per_dev.items()
+            gid: {"samples": len(rows), **{k: _stats(_values(rows, k)) for k in GPU_KEYS}}
+            for gid, rows in per_dev.items()
         },
         "summary_by_node": {
-            n: {
-                "frames": len(v["cpu_percent"]),
-                "cpu_percent": _stats(v["cpu_percent"]),
-                "dram_percent": _stats(v["dram_percent"]),
-            }
-            for n, v in per_node.items()
+            node: {"frames": len(rows), **{k: _stats(_values(rows, k)) for k in HOST_KEYS}}
+            for node, rows in per_node.items()
         },
     }
+
+
+def _values(rows: list[dict[str, Any]], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if isinstance(r.get(key), int | float)]
+
+
+def frame_counts(doc: dict[str, Any]) -> tuple[int, int]:
+    """(GPU frames, host frames) of an export: frames with at least one GPU reading, and every frame."""
+    return len({f["frame_id"] for f in doc["frames"]}), len(doc["host_frames"])
 
 
 def publish(s: ProfilerSession) -> None:

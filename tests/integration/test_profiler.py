@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from gswarm_tasks import names
 from tests.integration.fleet import Fleet, running_fleet
 from tests.integration.procs import wait_for
 
@@ -66,7 +68,8 @@ def test_overlapping_sessions_each_get_their_frequency_and_window(fleet: Fleet) 
     assert 0 <= dev["gpu_util"]["mean"] <= 100 and dev["gpu_util"]["max"] >= dev["gpu_util"]["mean"]
     assert "pcie_rx_bytes_per_s" in ea["frames"][0]
     r = fleet.client.get("/api/v1/profiler/sessions/a/plot?format=png", headers=fleet.auth())
-    assert r.status_code == 200 and r.data[:4] == b"\x89PNG" and r.headers["X-Panels"] in ("4", "5")
+    # four GPU panels and four host panels, and the steps when a workflow ran meanwhile
+    assert r.status_code == 200 and r.data[:4] == b"\x89PNG" and r.headers["X-Panels"] in ("8", "9")
     r = fleet.client.get("/api/v1/profiler/sessions/a/plot?format=pdf", headers=fleet.auth())
     assert r.status_code == 200 and r.data[:5] == b"%PDF-"
     assert fleet.client.get("/api/v1/profiler/sessions/a/plot?format=gif", headers=fleet.auth()).status_code == 422
@@ -79,9 +82,15 @@ def test_metrics_latest_and_prometheus(fleet: Fleet) -> None:
     assert r.status_code == 200 and r.mimetype == "text/plain"
     families = {f.name: f for f in text_string_to_metric_families(r.get_data(as_text=True))}
     util = families["DCGM_FI_DEV_GPU_UTIL"].samples
-    assert {s.labels["gpu"] for s in util} == {"0", "1"} and {s.labels["Hostname"] for s in util} == {"node1"}
-    assert families["gswarm_host_cpu_percent"].samples[0].labels["Hostname"] == "node1"
+    assert {s.labels["gpu"] for s in util} == {"0", "1"} and {s.labels["hostname"] for s in util} == {"node1"}
+    assert families["gswarm_host_cpu_percent"].samples[0].labels["hostname"] == "node1"
     assert fleet.client.get("/api/v1/metrics").status_code == 401
+    root = fleet.client.get("/metrics", headers=fleet.auth())  # where Prometheus looks by default
+    assert root.status_code == 200 and root.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    families = {f.name: f for f in text_string_to_metric_families(root.get_data(as_text=True))}
+    util = families["DCGM_FI_DEV_GPU_UTIL"].samples
+    assert {(s.labels["instance"], s.labels["gpu"]) for s in util} == {("node1", "0"), ("node1", "1")}
+    assert set(util[0].labels) >= {"gpu", "UUID", "device", "modelName", "hostname"}
 
 
 def test_session_refusals(fleet: Fleet) -> None:
@@ -137,6 +146,74 @@ def test_a_redis_outage_leaves_no_gap_in_the_frames(tmp_path: Path) -> None:
         gaps = [b - a for a, b in zip(steady, steady[1:], strict=False)]
         assert max(gaps) < 0.6, max(gaps)  # no hole where Redis was down
         assert times[-1] - times[0] > 13
+    finally:
+        f.close()
+        server.terminate()
+        server.wait(10)
+
+
+def _redis_server(port: int, data: Path) -> subprocess.Popen[bytes]:
+    argv = [
+        shutil.which("redis-server") or "redis-server",
+        *("--port", str(port), "--bind", "127.0.0.1", "--dir", str(data)),
+        *("--appendonly", "yes", "--appendfsync", "always", "--save", ""),
+    ]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _spilled(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line)["frame"])
+        except ValueError:
+            continue
+    return out
+
+
+def test_frames_of_an_outage_survive_a_node_restart_and_arrive_once_in_order(tmp_path: Path) -> None:
+    """Redis goes down; the node spills its frames to disk; the node worker is killed; Redis and the node come
+    back: every spilled frame reaches its stream, once, in order, inside the session; a node whose spill file is
+    full counts what it dropped."""
+    port = free_port()
+    (tmp_path / "redis").mkdir()
+    server = _redis_server(port, tmp_path / "redis")
+    url = f"redis://127.0.0.1:{port}/0"
+    wait_for(lambda: redis.Redis.from_url(url).ping(), 10, "the dedicated redis")
+    f = Fleet(tmp_path / "fleet", redis_db=0, redis_url=url, extra_env={"GSWARM_FAKE_GPUS": "1"})
+    try:
+        f.start("control", "control", app_module="gswarm_web.celery_app")
+        f.start_node("node1")
+        f.start_node("node2", GSWARM_PROFILING_SPILL_MAX_BYTES="3000")
+        assert f.post("/profiler/sessions", {"name": "spill", "freq_ms": 200})[0] == 201
+        until(2)
+        server.terminate()
+        server.wait(10)
+        spill = f.storage("node1") / ".frames-spill.jsonl"
+        wait_for(lambda: len(_spilled(spill)) >= 15, 30, "15 frames spilled by node1")
+        f.procs["node1"].kill_group()  # SIGKILL: nothing of it survives but what is on disk
+        f.procs["node1"].proc.wait(10)  # type: ignore[union-attr]
+        spilled = _spilled(spill)
+        assert [fr["seq"] for fr in spilled] == sorted(fr["seq"] for fr in spilled)
+        server = _redis_server(port, tmp_path / "redis")
+        wait_for(lambda: redis.Redis.from_url(url).ping(), 10, "redis back")
+        f.start_node("node1")
+        wait_for(lambda: not spill.exists(), 30, "the spill file replayed and removed")
+        entries = redis.Redis.from_url(url).xrange(names.frames_stream("node1"))
+        frames = [json.loads(e[b"data"]) for _, e in entries]
+        stamps = [(fr["seq"], fr["time"]) for fr in frames]
+        for fr in spilled:
+            assert stamps.count((fr["seq"], fr["time"])) == 1, fr["seq"]  # once
+        times = [fr["time"] for fr in frames]
+        assert times == sorted(times) and len(set(times)) == len(times)  # in order, no duplicate
+        code, stopped = f.post("/profiler/sessions/spill/stop", {})
+        assert code == 200, stopped
+        exported = {fr["time"] for fr in f.get("/profiler/sessions/spill/export")[1]["host_frames"]}
+        assert {fr["time"] for fr in spilled} <= exported  # the outage's frames are inside the session
+        node2 = wait_for(lambda: (n := f.get("/nodes/node2")[1])["frames_dropped"] > 0 and n, 30, "node2's drops")
+        assert node2["frames_dropped"] > 0 and f.get("/nodes/node1")[1]["frames_dropped"] == 0
     finally:
         f.close()
         server.terminate()

@@ -46,15 +46,23 @@ def test_sampler_follows_the_fastest_session_for_its_node() -> None:
     assert s.period_s == 0.1 and s.nvlink  # clamped to the 100 ms minimum
 
 
-def frames(n: int, node: str = "n1", period: float = 0.1) -> list[dict]:
-    src = FakeGpuSource(2)
+def frames(n: int, node: str = "n1", period: float = 0.1, gpus: int = 2) -> list[dict]:
+    src = FakeGpuSource(gpus)
     return [
         {
             "node": node,
             "seq": i,
             "time": 1000 + i * period,
             "gpus": src.sample(True, False),
-            "host": {"cpu_percent": float(i), "dram_percent": 50.0},
+            "host": {
+                "cpu_percent": float(i),
+                "dram_percent": 50.0,
+                "dram_used_bytes": 8 * 2**30,
+                "disk_read_bytes_per_s": 1_000_000 * i,
+                "disk_write_bytes_per_s": 2_000_000,
+                "net_rx_bytes_per_s": 3_000_000,
+                "net_tx_bytes_per_s": 4_000_000 + i,
+            },
         }
         for i in range(n)
     ]
@@ -62,7 +70,15 @@ def frames(n: int, node: str = "n1", period: float = 0.1) -> list[dict]:
 
 def test_export_shape_and_summaries() -> None:
     doc = export_document("s", datetime.now(UTC), None, frames(10), bandwidth=True, nvlink=False)
-    assert set(doc) == {"session_name", "start_time", "end_time", "frames", "summary_by_device", "summary_by_node"}
+    assert set(doc) == {
+        "session_name",
+        "start_time",
+        "end_time",
+        "frames",
+        "host_frames",
+        "summary_by_device",
+        "summary_by_node",
+    }
     row = doc["frames"][0]
     assert set(row) == {
         "frame_id",
@@ -86,7 +102,7 @@ def test_prometheus_text_parses_with_dcgm_names() -> None:
     families = {f.name: f for f in text_string_to_metric_families(prometheus_text(latest))}
     util = families["DCGM_FI_DEV_GPU_UTIL"]
     assert len(util.samples) == 2
-    assert util.samples[0].labels["Hostname"] == "node-a" and util.samples[0].labels["gpu"] == "0"
+    assert util.samples[0].labels["hostname"] == "node-a" and util.samples[0].labels["gpu"] == "0"
     fb = families["DCGM_FI_DEV_FB_USED"].samples[0]
     assert fb.value == frame["gpus"][0]["memory_used_bytes"] / 2**20  # MiB, as DCGM reports it
     assert "gswarm_host_cpu_percent" in families and "DCGM_FI_DEV_POWER_USAGE" in families
@@ -99,15 +115,16 @@ def test_plot_is_a_valid_png_and_pdf_with_one_panel_per_view(tmp_path) -> None: 
 
     doc = export_document("s", datetime.now(UTC), None, frames(30), bandwidth=True, nvlink=False)
     png, panels = render(doc, None, "png")
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and panels == 4  # utilization, memory, bandwidth, heatmap
+    # utilization, memory, bandwidth, heatmap; then the host's cpu, dram, disk, network
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and panels == 8
     (tmp_path / "p.png").write_bytes(png)
     height = mpimg.imread(tmp_path / "p.png").shape[0]
-    assert height == int(2.6 * 4 * 100)  # 2.6 in per panel at 100 dpi
-    spans = [{"label": "load @ n1:gpu0", "start": 1000.5, "end": 1001.5, "state": "succeeded"}]
+    assert height == int(2.6 * 8 * 100)  # 2.6 in per panel at 100 dpi
+    spans = [{"label": "load @ n1:gpu0", "start": 1000.5, "end": 1001.5, "status": "succeeded"}]
     pdf, panels = render(doc, spans, "pdf")
-    assert pdf[:5] == b"%PDF-" and panels == 5
+    assert pdf[:5] == b"%PDF-" and panels == 9
     no_bw = export_document("s", datetime.now(UTC), None, frames(5), bandwidth=False, nvlink=False)
-    assert render(no_bw, None, "png")[1] == 3
+    assert render(no_bw, None, "png")[1] == 7
 
 
 def test_analyze_cli_plots_an_export(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -121,4 +138,41 @@ def test_analyze_cli_plots_an_export(tmp_path) -> None:  # type: ignore[no-untyp
         main, ["profiler", "analyze", "--data", str(tmp_path / "s.json"), "--plot", str(tmp_path / "s.pdf")]
     )
     assert r.exit_code == 0, r.output
-    assert (tmp_path / "s.pdf").read_bytes()[:5] == b"%PDF-" and "4 panels" in r.output
+    assert (tmp_path / "s.pdf").read_bytes()[:5] == b"%PDF-" and "8 panels" in r.output
+
+
+def test_a_host_only_session_exports_host_frames_and_plots_host_panels() -> None:
+    from gswarm_web.plots import panels_of, render
+
+    doc = export_document("cpu", datetime.now(UTC), None, frames(12, gpus=0), bandwidth=True, nvlink=False)
+    assert doc["frames"] == [] and len(doc["host_frames"]) == 12
+    first = doc["host_frames"][1]
+    assert first == {
+        "frame_id": 1,
+        "time": 1000.1,
+        "node": "n1",
+        "cpu_percent": 1.0,
+        "dram_used_bytes": 8 * 2**30,
+        "dram_percent": 50.0,
+        "disk_read_bytes_per_s": 1_000_000,
+        "disk_write_bytes_per_s": 2_000_000,
+        "net_rx_bytes_per_s": 3_000_000,
+        "net_tx_bytes_per_s": 4_000_001,
+    }
+    node = doc["summary_by_node"]["n1"]
+    assert node["frames"] == 12 and node["disk_read_bytes_per_s"]["max"] == 11_000_000
+    assert doc["summary_by_device"] == {}
+    spans = [{"label": "embed @ n1:cpu", "start": 1000.2, "end": 1000.9, "status": "succeeded"}]
+    assert panels_of(doc, spans) == ["cpu", "dram", "disk", "network", "steps"]
+    png, panels = render(doc, spans, "png")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and panels == 5
+
+
+def test_an_unsupported_field_is_absent_from_the_export_not_zero() -> None:
+    f = frames(2)
+    for fr in f:
+        for g in fr["gpus"]:
+            del g["pcie_tx_bytes_per_s"]  # what a GPU without that counter reports
+    doc = export_document("s", datetime.now(UTC), None, f, bandwidth=True, nvlink=True)
+    assert all("pcie_tx_bytes_per_s" not in row and "nvlink_rx_bytes_per_s" not in row for row in doc["frames"])
+    assert all(row["pcie_rx_bytes_per_s"] > 0 for row in doc["frames"])
