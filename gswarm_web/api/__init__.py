@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask_smorest import Blueprint
 
-from . import data, health, models, nodes, profiler, queue, services, tokens, workflows
+from . import data, health, models, nodes, profiler, queue, scheduling, services, tokens, workflows
 
 BLUEPRINTS: tuple[Blueprint, ...] = (
     health.blp,
@@ -16,5 +16,6 @@ BLUEPRINTS: tuple[Blueprint, ...] = (
     profiler.blp,
     profiler.root,
     data.blp,
+    scheduling.blp,
     tokens.blp,
 )

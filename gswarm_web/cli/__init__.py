@@ -18,6 +18,7 @@ from .client import ApiClient
 from .data import data
 from .model import model
 from .profiler import profiler
+from .schedule import schedule
 from .up import client, host, up
 from .workflow import queue, workflow
 
@@ -72,6 +73,7 @@ main.add_command(workflow)
 main.add_command(queue)
 main.add_command(profiler)
 main.add_command(data)
+main.add_command(schedule)
 
 
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:
