@@ -124,6 +124,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                 "schedule": max(1.0, settings.data_gc_interval_s),
                 "options": {"queue": names.CONTROL_QUEUE, "expires": max(1.0, settings.data_gc_interval_s)},
             },
+            "gswarm-services": {
+                "task": names.SERVICE_SWEEP,
+                "schedule": 2.0,
+                "options": {"queue": names.CONTROL_QUEUE, "expires": 2.0},
+            },
             "gswarm-node-sweep": {
                 "task": names.SWEEP_NODES,
                 "schedule": max(1.0, settings.heartbeat_interval_s),

@@ -14,6 +14,8 @@ TIER_RE = re.compile(r"^(disk|dram|cpu|gpu(0|[1-9][0-9]{0,2}))$")
 RESERVED_NODE_NAMES = frozenset({"control", "celery", "web", "default"})
 STORAGE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+=-]{0,199}$")
 FILE_TIERS = ("disk", "dram")
+AUTO = "auto"
+AUTO_KINDS = ("gpu", "cpu", "dram", "disk")  # `auto:<kind>`: placement chooses a device of this kind
 
 
 def validate_node_name(name: str, field: str = "node") -> str:
@@ -151,3 +153,28 @@ def storage_path(root: str | Path, *names: str) -> Path:
     if resolved != base and base not in resolved.parents:
         raise InvalidRequest(f"path escapes the storage root: {path}", {"root": str(base)})
     return path
+
+
+@dataclass(frozen=True)
+class Auto:
+    """`auto` or `auto:<kind>` (gpu, cpu, dram, disk) where a device is asked for: placement chooses one."""
+
+    kind: str | None = None
+
+    def __str__(self) -> str:
+        return AUTO if self.kind is None else f"{AUTO}:{self.kind}"
+
+
+def parse_target(text: str | None, field: str, default_node: str | None = None) -> Device | Auto:
+    """A device, or `auto` / `auto:<kind>` / nothing (placement chooses); anything else is refused naming `field`."""
+    if text is None or text == AUTO:
+        return Auto()
+    if isinstance(text, str) and text.startswith(AUTO + ":"):
+        kind = text.split(":", 1)[1]
+        if kind not in AUTO_KINDS:
+            raise InvalidRequest(
+                f"{field}: {text!r}: auto takes one of {', '.join(AUTO_KINDS)} (auto:gpu, auto:dram, ...)",
+                {"field": field, "value": text},
+            )
+        return Auto(kind)
+    return Device.parse(text, field=field, default_node=default_node)

@@ -32,6 +32,7 @@ CONTROL_TASKS = "gswarm.control.*"
 SWEEP_NODES = "gswarm.control.sweep_nodes"
 SWEEP_OUTBOX = "gswarm.control.workflow_sweep"
 DATA_GC = "gswarm.control.data_gc"
+SERVICE_SWEEP = "gswarm.control.services"  # keeps services at their replica counts (also sent by the gateway)
 
 # ---- streams (each read by the control worker's consumer group `CONTROL_GROUP`) -------------------------------
 
@@ -65,6 +66,8 @@ TRANSFER_SECRET_KEY = "gswarm:transfer-secret"
 PROFILER_SESSIONS_KEY = "gswarm:profiler:sessions"  # hash: session -> what its nodes should sample
 METRICS_LATEST_KEY = "gswarm:metrics:latest"  # hash: node -> its newest frame
 METRICS_SEEN_KEY = "gswarm:metrics:latest:seen"
+SERVICE_LAST_REQUEST_KEY = "gswarm:services:last-request"  # hash: service -> time of its last gateway request
+RECONCILER_LOCK_KEY = "gswarm:lock:reconciler"  # one round of the service reconciler at a time
 KEEP_S = 7 * 24 * 3600  # how long per-task keys live
 
 

@@ -221,6 +221,13 @@ OPTIONS: tuple[Option, ...] = (
         "Bytes of frames a node keeps on disk while Redis is unreachable; past it frames are dropped, counted (64MB)",
     ),
     Option(
+        "placement_memory_overhead",
+        "GSWARM_PLACEMENT_MEMORY_OVERHEAD",
+        "placement.memory_overhead",
+        float,
+        "GPU memory a served model needs, as a multiple of its weights' bytes (1.2)",
+    ),
+    Option(
         "allowed_roots",
         "GSWARM_MODELS_ALLOWED_ROOTS",
         "models.allowed_roots",
@@ -379,6 +386,7 @@ class Settings:
     profiling_bandwidth: bool = True
     profiling_nvlink: bool = False
     profiling_spill_max_bytes: int = 64_000_000
+    placement_memory_overhead: float = 1.2
     allowed_roots: tuple[str, ...] = ()
     file_host: str | None = None
     file_port: int = 0

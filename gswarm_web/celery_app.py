@@ -22,7 +22,7 @@ from gswarm_tasks.celery_app import app as celery
 from gswarm_tasks.celery_app import settings_of
 
 from . import create_app
-from .control import chunk_state, dispatch, node_state, service_state, task_state
+from .control import chunk_state, dispatch, node_state, reconciler, service_state, task_state
 from .control.frames import frames_consumer
 from .control.intake import Intake
 from .control.streams import StreamConsumer
@@ -55,6 +55,20 @@ def data_gc() -> dict[str, int]:
     done = chunk_state.collect_garbage()
     dispatch.send_recorded()
     return done
+
+
+@celery.task(name=names.SERVICE_SWEEP, base=ControlTask)
+def services_sweep() -> int | None:
+    """Keep every auto service at its replica count: place, replace, scale, unload idle ones, wake called ones."""
+    try:
+        recorded = reconciler.reconcile()
+        db.session.commit()
+    except BaseException:
+        db.session.rollback()
+        dispatch.forget_recorded()
+        raise
+    dispatch.send_recorded()
+    return recorded
 
 
 def _client() -> redis.Redis:

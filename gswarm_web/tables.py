@@ -134,28 +134,57 @@ class ModelLocation(db.Model):  # type: ignore[name-defined]
 
 
 class Service(db.Model):  # type: ignore[name-defined]
-    """A model server process on a node."""
+    """A served model: a group of replicas (model server processes) with one status, behind the gateway.
+
+    `device` is what was asked for: a device (the service is pinned there) or `auto` / `auto:gpu` / `auto:cpu`
+    (placement chooses, and replaces a replica that dies). `replicas` is the count it is kept at.
+    """
 
     __tablename__ = "services"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    device: Mapped[str] = mapped_column(String(100))
+    replicas: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    port: Mapped[int | None] = mapped_column(Integer)
+    backend: Mapped[str] = mapped_column(String(32), default="builtin")
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(16), default="starting", index=True)
+    status_message: Mapped[str | None] = mapped_column(String(2000))
+    idle_timeout_s: Mapped[float | None] = mapped_column(Float)
+    cold_start_timeout_s: Mapped[float] = mapped_column(Float, default=120.0, server_default="120")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    model: Mapped[Model] = relationship(lazy="joined")
+    members: Mapped[list[Replica]] = relationship(
+        back_populates="service", cascade="all, delete-orphan", order_by="Replica.created_at", lazy="selectin"
+    )
+
+
+class Replica(db.Model):  # type: ignore[name-defined]
+    """One model server process of a service, on one node's GPU or CPU (its id is the node's service id)."""
+
+    __tablename__ = "replicas"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    service_id: Mapped[str] = mapped_column(ForeignKey("services.id", ondelete="CASCADE"), index=True)
     node: Mapped[str] = mapped_column(String(63), index=True)
     device: Mapped[str] = mapped_column(String(100))
     port: Mapped[int | None] = mapped_column(Integer)
     url: Mapped[str | None] = mapped_column(String(300))
     pid: Mapped[int | None] = mapped_column(Integer)
-    backend: Mapped[str] = mapped_column(String(32), default="builtin")
-    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     status: Mapped[str] = mapped_column(String(16), default="starting", index=True)
     status_message: Mapped[str | None] = mapped_column(String(2000))
     healthy: Mapped[bool | None] = mapped_column(db.Boolean)
+    task_id: Mapped[str | None] = mapped_column(String(36))  # the operation it waits for (a copy, its start)
+    placement: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     last_check_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
-    model: Mapped[Model] = relationship(lazy="joined")
+    service: Mapped[Service] = relationship(back_populates="members")
 
 
 class WorkflowRun(db.Model):  # type: ignore[name-defined]

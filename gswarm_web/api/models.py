@@ -18,7 +18,7 @@ from ..control import model_state, service_state
 from ..control.dispatch import active_conflict, peer_source, require_node, send_recorded
 from ..control.model_state import STATUSES, get_model, ready_location, require_gpu, start_operation
 from ..extensions import db, settings
-from ..tables import Model, ModelLocation, Service, TaskRecord
+from ..tables import Model, ModelLocation, Replica, Service, TaskRecord
 from .pagination import PageArgsSchema, PageSchema, page_of
 from .queue import TaskSchema
 
@@ -58,8 +58,10 @@ class ModelSchema(ma.Schema):
         return [loc.device for loc in m.locations if loc.status == "ready"]
 
     def get_services(self, m: Model) -> dict[str, str]:
-        rows = db.session.scalars(db.select(Service).where(Service.model_id == m.id, Service.status == "running"))
-        return {s.device: s.url for s in rows if s.url}
+        rows = db.session.scalars(
+            db.select(Replica).join(Service).where(Service.model_id == m.id, Replica.status == "running")
+        )
+        return {r.device: r.url for r in rows if r.url}
 
 
 class ModelDetailSchema(ModelSchema):
@@ -165,7 +167,7 @@ class ModelByName(MethodView):
         running = list(
             db.session.scalars(
                 db.select(Service).where(
-                    Service.model_id == model.id, Service.status.in_(("starting", "running", "unhealthy"))
+                    Service.model_id == model.id, Service.status.not_in(("stopping", "stopped", "failed"))
                 )
             )
         )
@@ -174,10 +176,11 @@ class ModelByName(MethodView):
                 f"{name} is served by {len(running)} service(s); stop them or pass force=true",
                 {"services": [s.id for s in running]},
             )
-        tasks = [service_state.stop(s) for s in running]
+        tasks = [t for s in running for t in service_state.stop(s)]
         if not model.locations:
             db.session.delete(model)
             db.session.commit()
+            send_recorded()
             return tasks, 202
         model.status_message = "deleting"
         tasks += [model_state.delete_copy(model, loc.device) for loc in list(model.locations)]

@@ -1,4 +1,10 @@
-"""Services' state: a model server's row follows its start and stop operations and the health its node reports."""
+"""Services' state: a service is a group of replicas (model server processes) with one status.
+
+A replica's row follows its operations (a copy of the weights when placement chose a node without them, its
+start, its stop) and the health its node reports; the service's status is computed from its replicas. A service
+asked for with `auto` is kept at its replica count by the reconciler (`control/reconciler.py`); a pinned one (a
+device was named) is reported as it is, dead or alive.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +14,25 @@ from typing import Any
 
 from gswarm_tasks import names
 from gswarm_tasks.devices import Device
-from gswarm_tasks.errors import InvalidRequest, NetworkError, NotFound
+from gswarm_tasks.errors import InvalidRequest, NotFound
 
 from ..extensions import db
-from ..tables import Model, Service, TaskRecord
-from .dispatch import dispatch
+from ..tables import Model, Replica, Service, TaskRecord
+from .dispatch import record
 from .report import Report
 
-SERVICE_STATES = ("pending", "starting", "running", "unhealthy", "stopping", "stopped", "failed")
-LIVE = ("starting", "running", "unhealthy")
+SERVICE_STATES = ("pending", "starting", "running", "degraded", "unhealthy", "idle", "stopping", "stopped", "failed")
+REPLICA_STATES = ("pending", "placing", "starting", "running", "unhealthy", "stopping", "stopped", "failed", "lost")
+LIVE = ("pending", "placing", "starting", "running", "unhealthy")  # a replica that serves, or will
+ENDED = ("stopping", "stopped", "failed", "lost")
 
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+def is_auto(svc: Service) -> bool:
+    return svc.device.startswith("auto")
 
 
 def get_service(service_id: str) -> Service:
@@ -30,117 +42,197 @@ def get_service(service_id: str) -> Service:
     return svc
 
 
-def serving_tier(model: Model, node: str) -> str:
-    """The tier a server on `node` loads the model from: dram before disk; refused when neither holds it."""
+def live_replicas(svc: Service) -> list[Replica]:
+    return [r for r in svc.members if r.status in LIVE]
+
+
+def serving_tier(model: Model, node: str) -> str | None:
+    """The tier a server on `node` loads the model from: dram before disk; None when neither holds it."""
     tiers = {loc.tier for loc in model.locations if loc.node == node and loc.status == "ready"}
-    for tier in ("dram", "disk"):
-        if tier in tiers:
-            return tier
-    raise InvalidRequest(
-        f"model_name: {model.name} has no copy on {node}'s disk or dram; copy it there first",
-        {"field": "model_name", "node": node},
-    )
+    return next((t for t in ("dram", "disk") if t in tiers), None)
 
 
 def port_taken(node: str, port: int) -> bool:
     return bool(
         db.session.scalar(
-            db.select(Service.id).where(Service.node == node, Service.port == port, Service.status.in_(LIVE))
+            db.select(Replica.id).where(Replica.node == node, Replica.port == port, Replica.status.in_(LIVE))
         )
     )
 
 
-def start(
-    model: Model, dev: Device, tier: str, port: int | None, backend: str, config: dict[str, Any]
-) -> tuple[Service, TaskRecord]:
-    """Record a service (`starting`) and send its start to the node."""
+def create(model: Model, device: str, replicas: int, port: int | None, backend: str, **options: Any) -> Service:
+    """Record a service (no replica yet)."""
     svc = Service(
         id=str(uuid.uuid4()),
         model_id=model.id,
-        node=str(dev.node),
-        device=str(dev),
+        model=model,
+        device=device,
+        replicas=replicas,
         port=port,
         backend=backend,
-        config=config,
-        status="starting",
+        config=options.get("config") or {},
+        status=options.get("status", "starting"),
+        idle_timeout_s=options.get("idle_timeout_s"),
+        cold_start_timeout_s=options.get("cold_start_timeout_s") or 120.0,
+        members=[],
     )
     db.session.add(svc)
-    kwargs = {
-        "service_id": svc.id,
-        "model": model.name,
-        "tier": tier,
-        "device": str(dev),
-        "port": port,
-        "backend": backend,
-        "config": config,
-        "trust_remote_code": model.trust_remote_code,
-    }
-    try:
-        rec = dispatch("serve", str(dev.node), names.SERVICE_START, kwargs, "high", service_id=svc.id, target=str(dev))
-    except NetworkError as exc:
-        svc.status, svc.status_message, svc.stopped_at = "failed", exc.message, now()
-        db.session.commit()
-        raise
-    return svc, rec
+    return svc
 
 
-def stop(svc: Service) -> TaskRecord:
-    """Stop a service's server (its whole process group) and free its port."""
-    svc.status = "stopping"
-    return dispatch(
-        "stop_serve", svc.node, names.SERVICE_STOP, {"service_id": svc.id}, "high", service_id=svc.id, source=svc.device
+def add_replica(
+    svc: Service, dev: Device, placement: dict[str, Any] | None = None, status: str = "starting"
+) -> Replica:
+    rep = Replica(
+        id=str(uuid.uuid4()),
+        service_id=svc.id,
+        node=str(dev.node),
+        device=str(dev),
+        port=svc.port,
+        status=status,
+        placement=placement,
+        created_at=now(),
     )
+    svc.members.append(rep)
+    return rep
+
+
+def start_replica(svc: Service, rep: Replica, tier: str) -> TaskRecord:
+    """Record the start of a replica's server from the model's copy on `tier` of its node (sent after commit)."""
+    kwargs = {
+        "service_id": rep.id,
+        "model": svc.model.name,
+        "tier": tier,
+        "device": rep.device,
+        "port": svc.port,
+        "backend": svc.backend,
+        "config": svc.config,
+        "trust_remote_code": svc.model.trust_remote_code,
+    }
+    rec = record("serve", rep.node, names.SERVICE_START, kwargs, "high", service_id=rep.id, target=rep.device)
+    rep.status, rep.task_id = "starting", rec.id
+    return rec
+
+
+def stop_replica(rep: Replica, reason: str | None = None) -> TaskRecord:
+    rep.status = "stopping"
+    if reason:
+        rep.status_message = reason
+    return record(
+        "stop_serve", rep.node, names.SERVICE_STOP, {"service_id": rep.id}, "high", service_id=rep.id, source=rep.device
+    )
+
+
+def stop(svc: Service) -> list[TaskRecord]:
+    """Stop every replica of a service (recorded; sent after the caller commits)."""
+    svc.status = "stopping"
+    tasks = [stop_replica(r) for r in svc.members if r.status in LIVE and r.status not in ("pending", "placing")]
+    for r in svc.members:
+        if r.status in ("pending", "placing"):
+            r.status, r.stopped_at = "stopped", now()
+    refresh(svc)
+    return tasks
+
+
+def refresh(svc: Service) -> None:
+    """The service's one status, from its replicas and the count it is kept at."""
+    if svc.status in ("stopping", "stopped"):
+        if all(r.status in ("stopped", "failed", "lost") for r in svc.members):
+            svc.status, svc.stopped_at = "stopped", svc.stopped_at or now()
+        return
+    live = live_replicas(svc)
+    running = [r for r in svc.members if r.status == "running"]
+    if svc.status == "idle" and not live:
+        return
+    if running:
+        svc.status = "running" if len(running) >= svc.replicas else "degraded"
+        svc.status_message = None if len(running) >= svc.replicas else f"{len(running)} of {svc.replicas} running"
+    elif any(r.status == "unhealthy" for r in live):
+        svc.status = "unhealthy"
+        svc.status_message = next(r.status_message for r in live if r.status == "unhealthy")
+    elif live:
+        svc.status = "pending" if svc.status == "pending" and all(r.status == "pending" for r in live) else "starting"
+    else:
+        svc.status = "failed"
+        ended = [r for r in svc.members if r.status in ("failed", "lost")]
+        svc.status_message = ended[-1].status_message if ended else svc.status_message
+
+
+def _replica_of(rec: TaskRecord, data: dict[str, Any] | None = None) -> Replica | None:
+    rid = rec.service_id or (data or {}).get("service_id")
+    return db.session.get(Replica, rid) if rid else None
 
 
 def on_succeeded(rec: TaskRecord, data: dict[str, Any]) -> None:
-    if rec.kind == "serve":
-        svc = db.session.get(Service, rec.service_id)
-        if svc is not None and svc.status in ("starting", "pending"):
-            svc.status, svc.pid, svc.port, svc.url = "running", data.get("pid"), data.get("port"), data.get("url")
-            svc.started_at, svc.healthy, svc.last_check_at = now(), True, now()
+    rep = _replica_of(rec, data)
+    if rep is None:
+        return
+    if rec.kind == "serve" and rep.status in ("pending", "starting"):
+        rep.status, rep.pid, rep.port, rep.url = "running", data.get("pid"), data.get("port"), data.get("url")
+        rep.started_at, rep.healthy, rep.last_check_at = now(), True, now()
     elif rec.kind == "stop_serve":
-        svc = db.session.get(Service, rec.service_id or data.get("service_id"))
-        if svc is not None:
-            svc.status, svc.stopped_at = "stopped", now()
+        rep.status, rep.stopped_at = "stopped", now()
+        if rep.service.members and all(r.status in ENDED for r in rep.service.members):
+            rep.service.status = "stopping"  # every replica stopped on purpose: the service is stopped, not failed
+    refresh(rep.service)
 
 
 def on_failed(rec: TaskRecord) -> None:
-    svc = db.session.get(Service, rec.service_id) if rec.service_id else None
-    if svc is None:
+    rep = _replica_of(rec)
+    if rep is None:
         return
     message = (rec.error or {}).get("message")
     if rec.kind == "serve":
-        svc.status, svc.status_message, svc.stopped_at = "failed", message, now()
+        rep.status, rep.status_message, rep.stopped_at = "failed", message, now()
     elif rec.kind == "stop_serve":
-        svc.status_message = f"stop failed: {message}"
+        rep.status_message = f"stop failed: {message}"
+    refresh(rep.service)
+
+
+def _health(rep: Replica, report: dict[str, Any] | None) -> bool:
+    """One replica's latest check; True when a live replica should be stopped (it was already given up)."""
+    if report is not None and report.get("starting"):
+        return False  # a check from before the server was ready says nothing about it
+    if rep.status in ("failed", "lost"):
+        return bool(report and report.get("alive"))
+    rep.last_check_at = now()
+    if report is None:
+        rep.status, rep.healthy, rep.stopped_at = "failed", False, now()
+        rep.status_message = f"{rep.node} no longer runs this service"
+        return False
+    rep.healthy = bool(report.get("healthy"))
+    if not report.get("alive"):
+        rep.status, rep.status_message, rep.stopped_at = "failed", "the server process is gone", now()
+    else:
+        rep.status = "running" if report.get("healthy") else "unhealthy"
+        rep.status_message = None if report.get("healthy") else str(report.get("message"))[:500]
+    return False
 
 
 def apply_health(reports_by_node: dict[str, list[dict[str, Any]]]) -> None:
-    """The health of services as their nodes checked it (one query for the batch).
-
-    A dead process marks its service `failed`; so does a running service its node no longer knows.
-    """
+    """The health of replicas as their nodes checked them (one query for the batch). A dead process marks its
+    replica `failed`; so does a running replica its node no longer knows; one given up that still runs is stopped."""
     if not reports_by_node:
         return
-    rows = db.session.scalars(
-        db.select(Service).where(Service.node.in_(list(reports_by_node)), Service.status.in_(("running", "unhealthy")))
+    rows = list(
+        db.session.scalars(
+            db.select(Replica).where(
+                Replica.node.in_(list(reports_by_node)), Replica.status.in_(("running", "unhealthy", "failed", "lost"))
+            )
+        )
     )
-    for svc in rows:
-        seen = {r.get("service_id"): r for r in reports_by_node[svc.node] if isinstance(r, dict)}
-        rep = seen.get(svc.id)
-        if rep is not None and rep.get("starting"):
-            continue  # a check from before the server was ready says nothing about it
-        svc.last_check_at = now()
-        if rep is None:
-            svc.status, svc.healthy, svc.stopped_at = "failed", False, now()
-            svc.status_message = f"{svc.node} no longer runs this service"
+    touched = set()
+    for rep in rows:
+        seen = {r.get("service_id"): r for r in reports_by_node[rep.node] if isinstance(r, dict)}
+        if rep.status in ("failed", "lost") and rep.id not in seen:
             continue
-        svc.healthy = bool(rep.get("healthy"))
-        if not rep.get("alive"):
-            svc.status, svc.status_message, svc.stopped_at = "failed", "the server process is gone", now()
-        else:
-            svc.status = "running" if rep.get("healthy") else "unhealthy"
-            svc.status_message = None if rep.get("healthy") else str(rep.get("message"))[:500]
+        if _health(rep, seen.get(rep.id)):
+            stop_replica(rep, rep.status_message)
+        touched.add(rep.service_id)
+    for sid in touched:
+        svc = db.session.get(Service, sid)
+        if svc is not None:
+            refresh(svc)
 
 
 def apply_reports(reports: list[Report]) -> None:
@@ -151,3 +243,18 @@ def apply_reports(reports: list[Report]) -> None:
         if isinstance(services, list):
             latest[r.id] = services
     apply_health(latest)
+
+
+def check_pinned(model: Model, dev: Device, port: int | None, backend: str) -> str:
+    """What serving on a named device needs: a copy on that node's disk or dram, a free port, a known backend."""
+    if backend not in ("builtin", "command"):
+        raise InvalidRequest("config.backend: must be builtin or command", {"field": "config.backend"})
+    tier = serving_tier(model, str(dev.node))
+    if tier is None:
+        raise InvalidRequest(
+            f"model_name: {model.name} has no copy on {dev.node}'s disk or dram; copy it there first (or use auto)",
+            {"field": "model_name", "node": dev.node},
+        )
+    if port is not None and port_taken(str(dev.node), port):
+        raise InvalidRequest(f"port: {port} is taken by another service on {dev.node}", {"field": "port"})
+    return tier

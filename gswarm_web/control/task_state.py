@@ -13,7 +13,7 @@ from gswarm_tasks.errors import InvalidRequest, TaskFailed
 
 from ..extensions import db, redis_client, sender
 from ..tables import TaskRecord
-from . import chunk_state, model_state, service_state
+from . import chunk_state, model_state, reconciler, service_state
 from .dispatch import ACTIVE, TERMINAL
 from .report import Report
 
@@ -31,6 +31,8 @@ def record_result(rec: TaskRecord, data: dict[str, Any]) -> None:
     """What a finished operation changes, by its kind: model copies, services, chunks (also for workflow steps)."""
     if rec.kind in model_state.MODEL_KINDS:
         model_state.on_succeeded(rec, data)
+        if rec.kind == "copy":
+            reconciler.copy_landed(rec)  # replicas that waited for these weights start
     elif rec.kind in SERVICE_KINDS:
         service_state.on_succeeded(rec, data)
     elif rec.kind in DATA_KINDS:
@@ -44,6 +46,8 @@ def record_failure(rec: TaskRecord) -> None:
         service_state.on_failed(rec)
     else:
         model_state.on_failed(rec)
+        if rec.kind == "copy":
+            reconciler.copy_landed(rec)
 
 
 def apply(rec: TaskRecord, event: str, data: dict[str, Any]) -> None:

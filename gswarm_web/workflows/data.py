@@ -17,7 +17,7 @@ from gswarm_tasks.errors import InvalidRequest, NotFound
 
 from ..control.chunk_state import hold, location_view, usable_locations
 from ..extensions import db, settings
-from ..tables import DataChunk, Model, Service, WorkflowRun
+from ..tables import DataChunk, Model, Replica, Service, WorkflowRun
 from .actions import CHUNK_FIELDS, REF_RE
 from .spec import Workflow, ancestors
 
@@ -83,10 +83,11 @@ def _service_for(wf: Workflow, aid: str, model: str, ancestors: set[str], where:
         if b.type == "serve" and b.params.get("model_name") == model and b.id in ancestors:
             return f"${{{b.id}.service_url}}"
     svc = db.session.scalar(
-        db.select(Service)
+        db.select(Replica)
+        .join(Service)
         .join(Model, Service.model_id == Model.id)
-        .where(Service.status == "running", Service.url.is_not(None), Model.name == model)
-        .order_by(Service.started_at.desc())
+        .where(Replica.status == "running", Replica.url.is_not(None), Model.name == model)
+        .order_by(Replica.started_at.desc())
     )
     if svc is None or not svc.url:
         raise InvalidRequest(

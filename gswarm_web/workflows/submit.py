@@ -14,9 +14,10 @@ from gswarm_tasks.errors import InvalidRequest, NotFound
 from gswarm_tasks.sources import parse_source
 from gswarm_tasks.storage import prefix as storage_prefix
 
+from ..control import service_state
 from ..control.dispatch import peer_source
 from ..extensions import db, settings
-from ..tables import Model, Node, Service, TaskRecord, WorkflowRun
+from ..tables import Model, Node, TaskRecord, WorkflowRun
 from .compiler import segments, step_device, step_queue
 from .data import prepare_data
 from .dispatcher import advance, send
@@ -120,23 +121,14 @@ def _fanout(wf: Workflow, segs: list[list[Any]]) -> dict[str, list[str]]:
 
 
 def _service_row(model: Model, params: dict[str, Any]) -> str:
-    """The service a serve step starts, `pending` until the step runs; returns its id."""
-    sid = str(uuid.uuid4())
+    """The service a serve step starts (one replica on its device, `pending` until the step runs); returns the
+    replica's id, which is the id the node runs it under."""
     dev = Device.parse(params["device"])
     config = params.get("config") or {}
-    db.session.add(
-        Service(
-            id=sid,
-            model_id=model.id,
-            node=str(dev.node),
-            device=str(dev),
-            port=params.get("port"),
-            backend=str(config.get("backend", "builtin")),
-            config=config,
-            status="pending",
-        )
+    svc = service_state.create(
+        model, str(dev), 1, params.get("port"), str(config.get("backend", "builtin")), config=config, status="pending"
     )
-    return sid
+    return service_state.add_replica(svc, dev, status="pending").id
 
 
 def _step_params(

@@ -1,0 +1,195 @@
+"""Keeps every `auto` service at its replica count: places and starts replicas (after a verified copy of the
+weights when the chosen node has none), replaces those whose node stopped answering or whose server died, scales
+down, unloads a service nobody called for `idle_timeout_s` (its weights stay staged in DRAM) and brings it back
+when a request comes. The control worker runs it every few seconds and whenever the gateway asks."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from gswarm_tasks import names
+from gswarm_tasks.devices import Auto, Device, parse_target
+from gswarm_tasks.errors import GswarmError, ResourceUnavailable
+from gswarm_tasks.storage import prefix as storage_prefix
+
+from ..extensions import db, redis_client, settings
+from ..tables import ModelLocation, Node, Replica, Service, TaskRecord
+from . import service_state
+from .dispatch import peer_source, record
+from .node_state import node_status
+from .placement import choose, current_load
+
+log = logging.getLogger(__name__)
+
+RETRY_NODE_AFTER_S = 60.0  # a node where a replica just failed is avoided this long
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _node_status(names_: set[str]) -> dict[str, str]:
+    s = settings()
+    rows: list[Node] = list(db.session.scalars(db.select(Node).where(Node.name.in_(list(names_))))) if names_ else []
+    return {n.name: node_status(n, now(), s.heartbeat_timeout_s, s.offline_after_s) for n in rows}
+
+
+def _copy_for(svc: Service, rep: Replica) -> TaskRecord | None:
+    """A verified copy of the weights onto the replica's node's disk, from the best peer; None if no peer has one."""
+    model = svc.model
+    sources = [loc for loc in model.locations if loc.status == "ready" and loc.tier in ("dram", "disk")]
+    statuses = _node_status({loc.node for loc in sources})
+    sources = [loc for loc in sources if statuses.get(loc.node) == "healthy" and loc.node != rep.node]
+    if not sources or not model.manifest:
+        return None
+    src = sorted(sources, key=lambda loc: (loc.tier != "dram", loc.node))[0]
+    peer = db.session.get(Node, src.node)
+    if peer is None:
+        return None
+    kwargs = {
+        "model": model.name,
+        "manifest": model.manifest,
+        "target_tier": "disk",
+        "source": peer_source(peer, src.tier, storage_prefix(src.tier, "models", model.name)),
+        "bandwidth_limit": None,
+    }
+    target = f"{rep.node}:disk"
+    return record(
+        "copy", rep.node, names.MODEL_COPY, kwargs, "high", model_name=model.name, source=src.device, target=target
+    )
+
+
+def place_replica(svc: Service, exclude: set[str] | None = None) -> tuple[Replica, TaskRecord]:
+    """Choose a device for one more replica (spread over nodes), and record what starts it: its server, or first
+    a copy of the weights. Raises ResourceUnavailable when nothing fits."""
+    target = parse_target(svc.device, "device")
+    kind = target.kind if isinstance(target, Auto) else None
+    spread = {r.node for r in service_state.live_replicas(svc)}
+    load = current_load(svc.model, spread)
+    load.exclude = set(exclude or ())
+    decision = choose(svc.model, "serve", Auto(kind), load)
+    rep = service_state.add_replica(svc, Device.parse(decision["chosen"]), decision)
+    tier = service_state.serving_tier(svc.model, rep.node)
+    if tier is not None:
+        return rep, service_state.start_replica(svc, rep, tier)
+    copy = _copy_for(svc, rep)
+    if copy is None:
+        rep.status, rep.status_message = "failed", "no copy of the weights on a healthy node to copy from"
+        raise ResourceUnavailable(f"{svc.model.name}: {rep.status_message}", {"service_id": svc.id, "node": rep.node})
+    rep.status, rep.task_id = "placing", copy.id
+    return rep, copy
+
+
+def copy_landed(rec: TaskRecord) -> None:
+    """A model copy finished: replicas that waited for it start (or fail with it)."""
+    waiting = db.session.scalars(db.select(Replica).where(Replica.task_id == rec.id, Replica.status == "placing"))
+    for rep in waiting:
+        svc = rep.service
+        if rec.state == "succeeded" and service_state.serving_tier(svc.model, rep.node):
+            service_state.start_replica(svc, rep, str(service_state.serving_tier(svc.model, rep.node)))
+        else:
+            rep.status, rep.stopped_at = "failed", now()
+            rep.status_message = f"copying the weights to {rep.node} failed: {(rec.error or {}).get('message')}"
+        service_state.refresh(svc)
+
+
+def _recently_failed(svc: Service) -> set[str]:
+    cutoff = now() - timedelta(seconds=RETRY_NODE_AFTER_S)
+    return {r.node for r in svc.members if r.status in ("failed", "lost") and (r.stopped_at or now()) > cutoff}
+
+
+def _lose_unreachable(svc: Service) -> None:
+    """A replica on a node that stopped answering is given up at once (the gateway stops routing to it)."""
+    live = service_state.live_replicas(svc)
+    statuses = _node_status({r.node for r in live})
+    for r in live:
+        if statuses.get(r.node, "offline") != "healthy" and r.status != "pending":
+            r.status, r.healthy, r.stopped_at = "lost", False, now()
+            r.status_message = f"{r.node} is {statuses.get(r.node, 'gone')}"
+
+
+def fill(svc: Service) -> list[TaskRecord]:
+    """Bring an auto service to its replica count (recorded; sent after the caller commits)."""
+    tasks: list[TaskRecord] = []
+    live = service_state.live_replicas(svc)
+    for rep in sorted(live, key=lambda r: (r.status == "running", r.created_at), reverse=True)[svc.replicas :]:
+        tasks.append(service_state.stop_replica(rep, "scaled down"))  # the newest, not-yet-serving ones first
+    exclude = _recently_failed(svc)
+    for _ in range(svc.replicas - len(live)):
+        try:
+            tasks.append(place_replica(svc, exclude)[1])
+        except GswarmError as exc:
+            svc.status_message = exc.message
+            log.warning("service %s (%s): %s", svc.id, svc.model.name, exc.message)
+            break
+    service_state.refresh(svc)
+    return tasks
+
+
+def _last_requests() -> dict[str, float]:
+    raw: Any = redis_client().hgetall(names.SERVICE_LAST_REQUEST_KEY)
+    return {k.decode(): float(v) for k, v in raw.items()}
+
+
+def _unload(svc: Service) -> list[TaskRecord]:
+    """Stop every replica of an idle service; its weights stay (or are staged) in the nodes' DRAM."""
+    tasks = []
+    for rep in service_state.live_replicas(svc):
+        if not db.session.get(ModelLocation, (svc.model.id, f"{rep.node}:dram")):
+            disk = db.session.get(ModelLocation, (svc.model.id, f"{rep.node}:disk"))
+            if disk is not None and svc.model.manifest:
+                kwargs = {"model": svc.model.name, "manifest": svc.model.manifest, "source_tier": "disk",
+                          "target_tier": "dram", "keep_source": True}  # fmt: skip
+                tasks.append(
+                    record(
+                        "move",
+                        rep.node,
+                        names.MODEL_MOVE,
+                        kwargs,
+                        model_name=svc.model.name,
+                        source=disk.device,
+                        target=f"{rep.node}:dram",
+                    )  # fmt: skip
+                )
+        tasks.append(service_state.stop_replica(rep, f"idle for {svc.idle_timeout_s:g} s"))
+    svc.status, svc.status_message = "idle", f"no request for {svc.idle_timeout_s:g} s; the next one starts it"
+    return tasks
+
+
+def reconcile() -> int | None:
+    """One round over every auto service; returns the operations it recorded (the caller commits and sends), or
+    None when another round is under way (two would place the same replica twice)."""
+    client = redis_client()
+    if not client.set(names.RECONCILER_LOCK_KEY, "1", nx=True, px=30_000):
+        return None
+    try:
+        return _round()
+    finally:
+        client.delete(names.RECONCILER_LOCK_KEY)
+
+
+def _round() -> int:
+    tasks: list[TaskRecord] = []
+    last = _last_requests()
+    for svc in db.session.scalars(db.select(Service).where(Service.status.not_in(("stopping", "stopped")))):
+        if not service_state.is_auto(svc):
+            continue
+        _lose_unreachable(svc)
+        if svc.status == "idle":
+            continue
+        idle_for = now().timestamp() - max(last.get(svc.id, 0.0), svc.created_at.timestamp())
+        if svc.idle_timeout_s and idle_for > svc.idle_timeout_s and service_state.live_replicas(svc):
+            tasks += _unload(svc)
+            continue
+        tasks += fill(svc)
+    return len(tasks)
+
+
+def wake(svc: Service) -> None:
+    """A request came for an idle service: it is brought back to its replica count (the caller commits)."""
+    if svc.status == "idle":
+        svc.status, svc.status_message = "starting", "starting for a request"
+        redis_client().hset(names.SERVICE_LAST_REQUEST_KEY, svc.id, now().timestamp())
+    fill(svc)
