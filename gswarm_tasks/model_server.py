@@ -27,13 +27,13 @@ from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from .errors import GswarmError, InvalidRequest, ModelNotFound, NotFound, ResourceUnavailable, error_body
+from .generation import chat_prompt, complete, events, params_of, stream_text
 
 log = logging.getLogger("gswarm.model_server")
 EMBED, COMPLETE = "embeddings", "completions"
 _DEVICE_RE = re.compile(r"^(cpu|cuda(?::(\d+))?)$")
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _ST_MARKERS = ("modules.json", "config_sentence_transformers.json")
-MAX_TOKENS_LIMIT = 4096
 
 
 @dataclass
@@ -104,14 +104,6 @@ def _strings(body: dict[str, Any], key: str, max_items: int) -> list[str]:
     return items
 
 
-def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float, *, integer: bool = False) -> Any:
-    value = default if body.get(key) is None else body[key]
-    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or not lo <= value <= hi:
-        kind = "an integer" if integer else "a number"
-        raise InvalidRequest(f"'{key}' must be {kind} in [{lo}, {hi}]", {"field": key, "value": value})
-    return value
-
-
 def embed(backend: Backend, texts: list[str], fmt: str, batch: int) -> tuple[list[Any], int]:
     import numpy as np
     import torch
@@ -124,38 +116,6 @@ def embed(backend: Backend, texts: list[str], fmt: str, batch: int) -> tuple[lis
     if fmt == "base64":
         return [base64.b64encode(v.tobytes()).decode("ascii") for v in vectors], tokens
     return [v.tolist() for v in vectors], tokens
-
-
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [value]
-
-
-def complete(backend: Backend, prompt: str, params: dict[str, Any]) -> tuple[str, str, int, int]:
-    """One prompt -> (text, finish_reason, prompt_tokens, completion_tokens)."""
-    import torch
-
-    tok, model = backend.tokenizer, backend.model
-    enc = tok(prompt, return_tensors="pt").to(model.device)
-    n_prompt = int(enc["input_ids"].shape[1])
-    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
-    if limit and n_prompt + params["max_tokens"] > limit:
-        details = {"prompt_tokens": n_prompt, "max_tokens": params["max_tokens"], "context_length": limit}
-        raise InvalidRequest(f"prompt ({n_prompt} tokens) + max_tokens exceeds the context length {limit}", details)
-    sample = params["temperature"] > 0
-    gen: dict[str, Any] = {"max_new_tokens": params["max_tokens"], "do_sample": sample}
-    if sample:
-        gen.update(temperature=params["temperature"], top_p=params["top_p"], top_k=0)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    with backend.lock, torch.inference_mode():
-        out = model.generate(**enc, **gen, pad_token_id=pad)
-    new = out[0, n_prompt:].tolist()
-    eos_ids = {tok.eos_token_id, *_as_list(getattr(model.generation_config, "eos_token_id", None))} - {None}
-    text = tok.decode(new, skip_special_tokens=True)
-    finish = "stop" if new and new[-1] in eos_ids else "length"
-    cuts = [i for i in (text.find(s) for s in params["stop"]) if i >= 0]
-    if cuts:
-        text, finish = text[: min(cuts)], "stop"
-    return text, finish, n_prompt, len(new)
 
 
 def _request_id() -> str:
@@ -242,7 +202,12 @@ class _Server:
         self.only(COMPLETE)
         body = self.json_body()
         prompts = _strings(body, "prompt", self.max_batch)
-        params = _completion_params(body)
+        params = params_of(body)
+        if params["stream"]:
+            if len(prompts) != 1:
+                raise InvalidRequest("'stream' takes one prompt", {"field": "prompt"})
+            pieces = stream_text(self.backend, prompts[0], params)
+            return Response(events(self.name, "text_completion", pieces), mimetype="text/event-stream")
         choices, n_prompt, n_done = [], 0, 0
         for i, prompt in enumerate(prompts):
             text, finish, p, c = complete(self.backend, prompt, params)
@@ -252,21 +217,19 @@ class _Server:
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time())}
         return jsonify({**head, "model": self.name, "choices": choices, "usage": usage})
 
-
-def _completion_params(body: dict[str, Any]) -> dict[str, Any]:
-    if body.get("stream"):
-        raise InvalidRequest("'stream' is not supported", {"field": "stream"})
-    if body.get("n", 1) != 1:
-        raise InvalidRequest("only 'n': 1 is supported", {"field": "n"})
-    stop = _as_list(body.get("stop") or [])
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
-        raise InvalidRequest("'stop' must be a string or a list of at most 4 non-empty strings", {"field": "stop"})
-    return {
-        "max_tokens": _number(body, "max_tokens", 16, 1, MAX_TOKENS_LIMIT, integer=True),
-        "temperature": float(_number(body, "temperature", 1.0, 0.0, 2.0)),
-        "top_p": float(_number(body, "top_p", 1.0, 1e-6, 1.0)),
-        "stop": stop,
-    }
+    def chat(self) -> Response:
+        self.only(COMPLETE)
+        body = self.json_body()
+        params = params_of(body)
+        prompt = chat_prompt(self.backend.tokenizer, body.get("messages"))
+        if params["stream"]:
+            pieces = stream_text(self.backend, prompt, params)
+            return Response(events(self.name, "chat.completion", pieces), mimetype="text/event-stream")
+        text, finish, n_prompt, n_done = complete(self.backend, prompt, params)
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": n_done, "total_tokens": n_prompt + n_done}
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time())}
+        return jsonify({**head, "model": self.name, "choices": [choice], "usage": usage})
 
 
 def create_app(backend: Backend, name: str, device: str, max_batch: int) -> Flask:
@@ -285,6 +248,7 @@ def create_app(backend: Backend, name: str, device: str, max_batch: int) -> Flas
     app.add_url_rule("/v1/models", "models", server.models, methods=["GET"])
     app.add_url_rule("/v1/embeddings", "embeddings", server.embeddings, methods=["POST"])
     app.add_url_rule("/v1/completions", "completions", server.completions, methods=["POST"])
+    app.add_url_rule("/v1/chat/completions", "chat", server.chat, methods=["POST"])
     return app
 
 

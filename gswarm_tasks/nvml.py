@@ -117,16 +117,17 @@ class NvitopSource:
 class FakeGpuSource:
     """Deterministic GPUs for tests and benchmarks (`GSWARM_FAKE_GPUS=N`): readings follow a slow sine."""
 
-    def __init__(self, count: int, name: str = "Fake H100 80GB") -> None:
+    def __init__(self, count: int, name: str = "Fake H100 80GB", memory_total_bytes: int = 80 * 1024**3) -> None:
         self.count = count
         self.name = name
+        self.total = memory_total_bytes
         self.t0 = time.monotonic()
 
     def available(self) -> bool:
         return self.count > 0
 
     def gpus(self) -> list[dict[str, Any]]:
-        total = 80 * 1024**3
+        total = self.total
         return [
             {
                 "index": i,
@@ -144,7 +145,7 @@ class FakeGpuSource:
         import math
 
         t = time.monotonic() - self.t0
-        total = 80 * 1024**3
+        total = self.total
         out = []
         for g in self.gpus():
             i = g["index"]
@@ -188,7 +189,8 @@ def default_source() -> GpuSource:
         import os
 
         fake = int(os.environ.get("GSWARM_FAKE_GPUS") or 0)
-        _default = FakeGpuSource(fake) if fake else NvitopSource()
+        memory = int(float(os.environ.get("GSWARM_FAKE_GPU_MEMORY") or 80 * 1024**3))  # bytes per fake GPU
+        _default = FakeGpuSource(fake, memory_total_bytes=memory) if fake else NvitopSource()
     return _default
 
 

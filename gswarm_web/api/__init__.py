@@ -4,7 +4,20 @@ from __future__ import annotations
 
 from flask_smorest import Blueprint
 
-from . import data, health, models, nodes, profiler, queue, scheduling, services, tokens, workflows
+from . import (
+    data,
+    gateway,
+    health,
+    models,
+    nodes,
+    placement,
+    profiler,
+    queue,
+    scheduling,
+    services,
+    tokens,
+    workflows,
+)
 
 BLUEPRINTS: tuple[Blueprint, ...] = (
     health.blp,
@@ -17,5 +30,7 @@ BLUEPRINTS: tuple[Blueprint, ...] = (
     profiler.root,
     data.blp,
     scheduling.blp,
+    placement.blp,
+    gateway.blp,
     tokens.blp,
 )

@@ -1,10 +1,14 @@
-"""Bearer-token auth: an `admin` and a `read-only` role; only token hashes are stored."""
+"""Bearer-token auth: `admin` (anything), `read-only` (reads), `inference` (the gateway at /v1 and nothing else);
+only token hashes are stored. A valid token is remembered for a few seconds per process, so a gateway request
+costs no database round trip; a revoked one stops working everywhere within that time."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import secrets
+import threading
+import time
 from datetime import UTC, datetime
 
 from flask import Flask, current_app, g, request
@@ -14,8 +18,12 @@ from gswarm_tasks.errors import Forbidden, InvalidRequest, Unauthorized
 from ..extensions import db
 from ..tables import ApiToken
 
-ROLES = ("admin", "read-only")
+ROLES = ("admin", "read-only", "inference")
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+GATEWAY = "gateway"  # the blueprint of /v1
+CACHE_S = 5.0
+_known: dict[str, tuple[float, tuple[str, str]]] = {}
+_known_lock = threading.Lock()
 # Reachable without a token: liveness for load balancers, and the API's own description.
 PUBLIC_ENDPOINTS = frozenset({"api-docs.openapi_json", "api-docs.openapi_swagger_ui", "health.Health", "static"})
 
@@ -47,12 +55,22 @@ def identity_of(token: str) -> tuple[str, str] | None:
     fixed = current_app.config.get("GSWARM_ADMIN_TOKEN")
     if fixed and hmac.compare_digest(token.encode(), str(fixed).encode()):
         return "admin", "admin-token"
+    key = hash_token(token)
+    with _known_lock:
+        hit = _known.get(key)
+    if hit is not None and hit[0] > time.monotonic():
+        return hit[1]
     row = db.session.execute(
-        db.select(ApiToken.role, ApiToken.name, ApiToken.revoked_at).where(ApiToken.token_hash == hash_token(token))
+        db.select(ApiToken.role, ApiToken.name, ApiToken.revoked_at).where(ApiToken.token_hash == key)
     ).first()
     if row is None or row.revoked_at is not None:
         return None
-    return str(row.role), str(row.name)
+    ident = (str(row.role), str(row.name))
+    with _known_lock:
+        if len(_known) > 10_000:
+            _known.clear()
+        _known[key] = (time.monotonic() + CACHE_S, ident)
+    return ident
 
 
 def role_of(token: str) -> str | None:
@@ -66,6 +84,8 @@ def revoke_token(prefix: str) -> int:
     for row in rows:
         row.revoked_at = datetime.now(UTC)
         n += 1
+        with _known_lock:
+            _known.pop(row.token_hash, None)
     db.session.commit()
     return n
 
@@ -83,6 +103,13 @@ def init_auth(app: Flask) -> None:
         if ident is None:
             raise Unauthorized("the bearer token is not valid")
         g.role, g.token_name = ident
-        role = g.role
-        if request.method not in READ_METHODS and role != "admin":
-            raise Forbidden(f"a {role} token cannot {request.method} {request.path}", {"role": role})
+        _authorize(g.role)
+
+
+def _authorize(role: str) -> None:
+    """admin: anything; read-only: reads; inference: the gateway and nothing else."""
+    gateway = request.blueprint == GATEWAY
+    if role == "inference" and not gateway:
+        raise Forbidden(f"an inference token may only call the gateway (/v1), not {request.path}", {"role": role})
+    if role == "read-only" and request.method not in READ_METHODS:
+        raise Forbidden(f"a {role} token cannot {request.method} {request.path}", {"role": role})

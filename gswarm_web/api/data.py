@@ -15,7 +15,7 @@ from flask_smorest import Blueprint
 
 from gswarm_tasks import names
 from gswarm_tasks.data_sources import parse_data_source
-from gswarm_tasks.devices import Device
+from gswarm_tasks.devices import Device, parse_target
 from gswarm_tasks.errors import InvalidRequest, NetworkError, ResourceUnavailable
 from gswarm_tasks.storage import prefix as storage_prefix
 from gswarm_tasks.transfer.client import files_url
@@ -23,6 +23,7 @@ from gswarm_tasks.transfer.client import files_url
 from ..control import chunk_ops
 from ..control.chunk_state import get_chunk, holders, source_of, touch, usable_locations
 from ..control.dispatch import require_node
+from ..control.placement import choose
 from ..errors import ErrorSchema, error_response
 from ..extensions import db, settings
 from ..tables import ChunkLocation, DataChunk
@@ -85,7 +86,9 @@ class ChunkCreateSchema(ma.Schema):
     )
     type = ma.fields.String(load_default="input", validate=ma.validate.OneOf(TYPES))
     format = ma.fields.String(validate=ma.validate.Length(max=32))
-    device = ma.fields.String(required=True)
+    device = ma.fields.String(
+        load_default="auto", metadata={"description": "node:disk, node:dram, or auto / auto:dram / auto:disk (default)"}
+    )
     metadata = ma.fields.Dict(load_default=dict)
 
 
@@ -117,7 +120,7 @@ class Chunks(MethodView):
     @blp.response(202, ChunkCreatedSchema)
     def post(self, args: dict[str, Any]) -> Any:
         """Create a chunk from base64 `data` or a `source`; equal content on the same device is stored once"""
-        dev = Device.parse(args["device"], field="device").expect("device", files=True)
+        dev, decision = _data_target(args["device"])
         if ("data" in args) == ("source" in args):
             raise InvalidRequest("data: give either `data` (base64) or `source`", {"field": "data"})
         kwargs, checksum = _create_kwargs(args)
@@ -134,7 +137,17 @@ class Chunks(MethodView):
             "created_by": f"api:{g.get('token_name') or 'anonymous'}",
             "checksum": checksum,
         }
-        return chunk_ops.create(dev, kwargs, fields), 202
+        return chunk_ops.create(dev, kwargs, fields, decision), 202
+
+
+def _data_target(text: str) -> tuple[Device, dict[str, Any] | None]:
+    target = parse_target(text, "device")
+    if isinstance(target, Device):
+        return target.expect("device", files=True), None
+    if target.kind in ("gpu", "cpu"):
+        raise InvalidRequest(f"device: {target} is not a data tier (auto, auto:dram or auto:disk)", {"field": "device"})
+    decision = choose(None, "data", target)
+    return Device.parse(decision["chosen"]), decision
 
 
 def _create_kwargs(args: dict[str, Any]) -> tuple[dict[str, Any], str | None]:

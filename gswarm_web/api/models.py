@@ -9,7 +9,7 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from gswarm_tasks import names
-from gswarm_tasks.devices import Device, safe_name
+from gswarm_tasks.devices import Device, parse_target, safe_name
 from gswarm_tasks.errors import Conflict, InvalidRequest
 from gswarm_tasks.sources import parse_source
 from gswarm_tasks.storage import prefix as storage_prefix
@@ -17,6 +17,7 @@ from gswarm_tasks.storage import prefix as storage_prefix
 from ..control import model_state, service_state
 from ..control.dispatch import active_conflict, peer_source, require_node, send_recorded
 from ..control.model_state import STATUSES, get_model, ready_location, require_gpu, start_operation
+from ..control.placement import choose
 from ..extensions import db, settings
 from ..tables import Model, ModelLocation, Replica, Service, TaskRecord
 from .pagination import PageArgsSchema, PageSchema, page_of
@@ -94,20 +95,26 @@ class DeleteArgsSchema(ma.Schema):
 
 class DownloadSchema(ma.Schema):
     source_url = ma.fields.String()
-    target_device = ma.fields.String(required=True)
+    target_device = ma.fields.String(
+        load_default="auto", metadata={"description": "a device, or auto / auto:<tier> (default)"}
+    )
     priority = PRIORITY
 
 
 class MoveSchema(ma.Schema):
-    source_device = ma.fields.String(required=True)
-    target_device = ma.fields.String(required=True)
+    source_device = ma.fields.String(load_default="auto", metadata={"description": "a copy, or auto (the best)"})
+    target_device = ma.fields.String(
+        load_default="auto", metadata={"description": "a device, or auto / auto:<tier> (default)"}
+    )
     keep_source = ma.fields.Boolean(load_default=False)
     priority = PRIORITY
 
 
 class CopySchema(ma.Schema):
-    source_device = ma.fields.String(required=True)
-    target_device = ma.fields.String(required=True)
+    source_device = ma.fields.String(load_default="auto", metadata={"description": "a copy, or auto (the best)"})
+    target_device = ma.fields.String(
+        load_default="auto", metadata={"description": "a device, or auto / auto:<tier> (default)"}
+    )
     bandwidth_limit = ma.fields.Integer(validate=ma.validate.Range(min=1), metadata={"description": "bytes/s"})
     priority = PRIORITY
 
@@ -219,7 +226,7 @@ class Download(MethodView):
     def post(self, args: dict[str, Any], name: str) -> TaskRecord:
         """Download a model onto a node's disk or dram"""
         model = get_model(name)
-        target = Device.parse(args["target_device"], field="target_device").expect("target_device", files=True)
+        target, decision = _target(model, "download", args.get("target_device"), files=True)
         url = args.get("source_url") or model.source_url
         if not url:
             raise InvalidRequest("source_url: the model has no registered source; give one", {"field": "source_url"})
@@ -228,15 +235,36 @@ class Download(MethodView):
         active_conflict(name, str(target))
         kwargs = {"model": name, "source_url": url, "tier": target.tier}
         return start_operation(
-            model,
-            "download",
-            str(target.node),
-            names.MODEL_DOWNLOAD,
-            kwargs,
-            args["priority"],
-            source="web",
-            target=str(target),
+            model, "download", str(target.node), names.MODEL_DOWNLOAD, kwargs, args["priority"], source="web",
+            target=str(target), extra_params=decision,
+        )  # fmt: skip
+
+
+def _target(
+    model: Model, action: str, text: str | None, files: bool = False, gpu: bool = False, on_node: str | None = None
+) -> tuple[Device, dict[str, Any] | None]:
+    """A named device (checked), or the one placement chooses for `auto` / nothing, with its decision."""
+    target = parse_target(text, "target_device")
+    if isinstance(target, Device):
+        return target.expect("target_device", files=files, gpu=gpu), None
+    if target.kind == "gpu" and not gpu:
+        raise InvalidRequest(
+            f"target_device: {target} is not a storage tier for a {action}", {"field": "target_device"}
         )
+    decision = choose(model, action, target, on_node=on_node if target.kind == "gpu" else None)
+    return Device.parse(decision["chosen"]), {"placement": decision}
+
+
+def _source(model: Model, text: str | None, dst_node: str | None) -> Device:
+    """A named copy, or with `auto` (or nothing) the best ready one: the target's node first, dram before disk."""
+    target = parse_target(text, "source_device")
+    if isinstance(target, Device):
+        return target.expect("source_device", files=True)
+    ready = [loc for loc in model.locations if loc.status == "ready" and loc.tier in ("dram", "disk")]
+    if not ready:
+        raise InvalidRequest(f"source_device: {model.name} has no copy on any node", {"field": "source_device"})
+    best = sorted(ready, key=lambda loc: (loc.node != dst_node, loc.tier != "dram", loc.device))[0]
+    return Device.parse(best.device)
 
 
 def _check_copy(model: Model, src: Device, dst: Device) -> None:
@@ -255,8 +283,10 @@ def _check_copy(model: Model, src: Device, dst: Device) -> None:
 
 def _copy_or_move(name: str, args: dict[str, Any], keep_source: bool, kind: str) -> TaskRecord:
     model = get_model(name)
-    src = Device.parse(args["source_device"], field="source_device").expect("source_device", files=True)
-    dst = Device.parse(args["target_device"], field="target_device").expect("target_device", files=True, gpu=True)
+    explicit_src = parse_target(args.get("source_device"), "source_device")
+    node_of_src = explicit_src.node if isinstance(explicit_src, Device) else None
+    dst, decision = _target(model, kind, args.get("target_device"), files=True, gpu=True, on_node=node_of_src)
+    src = _source(model, args.get("source_device"), dst.node)
     _check_copy(model, src, dst)
     existing = db.session.get(ModelLocation, (model.id, str(dst)))
     if existing is not None and existing.status == "ready" and (kind == "copy" or keep_source):
@@ -270,7 +300,9 @@ def _copy_or_move(name: str, args: dict[str, Any], keep_source: bool, kind: str)
             "target_tier": dst.tier,
             "keep_source": keep_source,
         }
-        return start_operation(model, "move", str(dst.node), names.MODEL_MOVE, kwargs, args["priority"], **ends)
+        return start_operation(
+            model, "move", str(dst.node), names.MODEL_MOVE, kwargs, args["priority"], extra_params=decision, **ends
+        )
     source = {"node": src.node, "tier": src.tier}
     if src.node != dst.node:
         peer = require_node(str(src.node), "source_device")
@@ -283,7 +315,7 @@ def _copy_or_move(name: str, args: dict[str, Any], keep_source: bool, kind: str)
         "bandwidth_limit": args.get("bandwidth_limit"),
     }
     real_move = kind == "move" and src.node != dst.node
-    extra = {"cross_node": True, "keep_source": keep_source} if real_move else None
+    extra = {**({"cross_node": True, "keep_source": keep_source} if real_move else {}), **(decision or {})} or None
     op = "move" if real_move else "copy"
     return start_operation(
         model, op, str(dst.node), names.MODEL_COPY, kwargs, args["priority"], extra_params=extra, **ends

@@ -40,6 +40,9 @@ class TaskSchema(ma.Schema):
     source_device = ma.fields.String(allow_none=True)
     target_device = ma.fields.String(allow_none=True)
     attempts = ma.fields.Integer()
+    placement = ma.fields.Function(
+        lambda rec: (rec.params or {}).get("placement"), metadata={"description": "where auto placed it, and why"}
+    )
     progress = ma.fields.Method("get_progress")
     result = ma.fields.Dict(allow_none=True)
     error = ma.fields.Dict(allow_none=True)

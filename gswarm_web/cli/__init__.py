@@ -143,13 +143,19 @@ def token() -> None:
 @token.command("create")
 @click.option("--name", default="cli", help="A label for the token.")
 @click.option("--read-only", is_flag=True, help="A token that can only read.")
-def token_create(name: str, read_only: bool) -> None:
+@click.option(
+    "--role",
+    type=click.Choice(["admin", "read-only", "inference"]),
+    default=None,
+    help="admin (the default), read-only, or inference (the gateway at /v1 and nothing else).",
+)
+def token_create(name: str, read_only: bool, role: str | None) -> None:
     """Create a token in the database of this host's settings and print it (shown once)."""
     from gswarm_web import create_app
     from gswarm_web.api.auth import create_token
 
     with create_app(load_settings()).app_context():
-        click.echo(create_token(name, "read-only" if read_only else "admin"))
+        click.echo(create_token(name, role or ("read-only" if read_only else "admin")))
 
 
 @main.group()

@@ -34,7 +34,9 @@ def stored_copy(checksum: str, device: Device) -> DataChunk | None:
     )
 
 
-def create(device: Device, kwargs: dict[str, Any], fields: dict[str, Any]) -> SimpleNamespace:
+def create(
+    device: Device, kwargs: dict[str, Any], fields: dict[str, Any], placement: dict[str, Any] | None = None
+) -> SimpleNamespace:
     """Record a chunk (`queued`) and send its create to `device`'s node, in one transaction.
 
     The answer is built from what was written, so nothing is read back (this takes small chunks by the thousand).
@@ -47,7 +49,7 @@ def create(device: Device, kwargs: dict[str, Any], fields: dict[str, Any]) -> Si
         names.DATA_CREATE,
         {"chunk_id": row["id"], "tier": device.tier, **kwargs},
         target=str(device),
-        extra_params={"chunk_id": row["id"]},
+        extra_params={"chunk_id": row["id"], **({"placement": placement} if placement else {})},
     )
     task_id = rec.id
     db.session.commit()

@@ -31,7 +31,7 @@ def get_model(name: str, field: str = "model_name") -> Model:
     safe_name(name, field)
     model = db.session.scalar(db.select(Model).where(Model.name == name))
     if model is None:
-        raise ModelNotFound(f"model {name!r} is not registered", {field: name})
+        raise ModelNotFound(f"{field}: model {name!r} is not registered", {"field": field, "model_name": name})
     return model
 
 

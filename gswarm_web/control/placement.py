@@ -47,9 +47,15 @@ ACTIONS = {"serve": "serve", "load": "load", "download": "store", "copy": "store
 
 
 def choose(
-    model: Model | None, action: str, target: Auto, load: Load | None = None, view: dict[str, Any] | None = None
+    model: Model | None,
+    action: str,
+    target: Auto,
+    load: Load | None = None,
+    view: dict[str, Any] | None = None,
+    on_node: str | None = None,
 ) -> dict[str, Any]:
-    """The placement decision for an `auto` target of `action` (serve, load, download, copy, move, data)."""
+    """The placement decision for an `auto` target of `action` (serve, load, download, copy, move, data), among
+    every node or only `on_node` (a GPU is loaded from a copy on its own node)."""
     if action not in ACTIONS:
         raise InvalidRequest(f"action: {action!r} is not one of {', '.join(ACTIONS)}", {"field": "action"})
     kind = target.kind
@@ -58,8 +64,11 @@ def choose(
             raise InvalidRequest(f"device: {target} is not a storage tier for a {action}", {"field": "device"})
         action = "load"  # a move onto a GPU: the gpuN tier
     need = need_bytes(model) if action in ("serve", "load") else 0.0
+    view = view or current_view()
+    if on_node is not None:
+        view = {**view, "nodes": [n for n in view["nodes"] if n["name"] == on_node]}
     return decide(
-        view or current_view(),
+        view,
         model.name if model is not None else None,
         ACTIONS[action],
         kind if ACTIONS[action] != "store" else (kind or "disk"),

@@ -179,8 +179,10 @@ def _round() -> int:
         _lose_unreachable(svc)
         if svc.status == "idle":
             continue
-        idle_for = now().timestamp() - max(last.get(svc.id, 0.0), svc.created_at.timestamp())
-        if svc.idle_timeout_s and idle_for > svc.idle_timeout_s and service_state.live_replicas(svc):
+        serving = [r.started_at.timestamp() for r in svc.members if r.status == "running" and r.started_at]
+        # idle counts from the last request, or from when it came up: a service still starting is never idle
+        idle_for = now().timestamp() - max(last.get(svc.id, 0.0), *serving) if serving else 0.0
+        if svc.idle_timeout_s and idle_for > svc.idle_timeout_s:
             tasks += _unload(svc)
             continue
         tasks += fill(svc)

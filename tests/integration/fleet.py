@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -49,7 +50,7 @@ class Fleet:
         self.redis_url = redis_url or f"redis://{REDIS_HOST}:{REDIS_PORT}/{redis_db}"
         redis.Redis.from_url(self.redis_url).flushdb()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("GSWARM_")}
-        self.env.update(
+        defaults = dict(
             GSWARM_HOME=str(self.home),
             GSWARM_CONFIG="",
             GSWARM_REDIS_URL=self.redis_url,
@@ -63,8 +64,8 @@ class Fleet:
             GSWARM_SERVE_CHECK_INTERVAL="1",
             GSWARM_SERVE_PORT_START=str(20000 + os.getpid() % 10000),
             PYTHONUNBUFFERED="1",
-            **(extra_env or {}),
         )
+        self.env.update({**defaults, **(extra_env or {})})
         self.settings = make_settings(
             self.home, **{k: v for k, v in self.env.items() if k.startswith("GSWARM_") and k != "GSWARM_HOME"}
         )
@@ -98,6 +99,14 @@ class Fleet:
         p = celery_worker(app_module, queue or name, name, {**self.env, **node_env, **env}, self.tmp / "logs")
         self.procs[name] = p.start()
         p.wait_log("ready.", timeout=60)
+        return p
+
+    def start_beat(self) -> Proc:
+        """Celery beat: the sweeps that run every few seconds (nodes, outbox, services, data collector)."""
+        argv = [sys.executable, "-m", "celery", "-A", "gswarm_tasks", "beat", "--loglevel", "INFO"]
+        p = Proc("beat", argv, self.env, self.tmp / "logs")
+        self.procs["beat"] = p.start()
+        p.wait_log("beat: Starting", timeout=60)
         return p
 
     def start_node(self, name: str, **env: str) -> Proc:

