@@ -32,6 +32,12 @@ class StepSchema(ma.Schema):
     status = ma.fields.String(attribute="state", metadata={"enum": list(STEP_STATUSES)})
     node = ma.fields.String(allow_none=True)
     device = ma.fields.String(allow_none=True)
+    source_device = ma.fields.String(allow_none=True)
+    target_device = ma.fields.String(allow_none=True)
+    placement = ma.fields.Function(
+        lambda rec: (rec.params or {}).get("placement"),
+        metadata={"description": "per field that was `auto` (or left out): the chosen device, candidates, reasons"},
+    )
     priority = ma.fields.String()
     dependencies = ma.fields.List(ma.fields.String(), attribute="depends_on")
     chain = ma.fields.Integer(attribute="segment")

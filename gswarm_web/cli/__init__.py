@@ -17,6 +17,7 @@ from gswarm_tasks.settings import load_settings
 from .client import ApiClient
 from .data import data
 from .model import model
+from .placement import placement
 from .profiler import profiler
 from .schedule import schedule
 from .up import client, host, up
@@ -74,6 +75,7 @@ main.add_command(queue)
 main.add_command(profiler)
 main.add_command(data)
 main.add_command(schedule)
+main.add_command(placement)
 
 
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:

@@ -204,24 +204,91 @@ def delete(name: str, device: str | None, node: str | None, force: bool) -> None
 
 @model.command("serve")
 @click.argument("name")
-@click.option("--device", required=True, help="gpuN or cpu (with --node), or NODE:gpuN.")
+@click.option(
+    "--device", default="auto", show_default=True, help="auto, auto:gpu, auto:cpu, gpuN or cpu (--node), NODE:gpuN."
+)
+@click.option("--replicas", type=click.IntRange(1, 64), default=1, show_default=True)
 @click.option("--node", default=None)
 @click.option("--port", type=int, default=None)
 @click.option("--backend", type=click.Choice(["builtin", "command"]), default="builtin")
 @click.option("--command", "command", default=None, help="Template for the command backend.")
-def serve(name: str, device: str, node: str | None, port: int | None, backend: str, command: str | None) -> None:
-    """Serve a model and wait until it answers."""
+@click.option("--idle-timeout", type=float, default=None, help="Seconds without requests before it is unloaded.")
+@click.option("--timeout", type=float, default=600, show_default=True, help="Seconds to wait for the replicas.")
+@click.option("--no-wait", is_flag=True)
+def serve(
+    name: str,
+    device: str,
+    replicas: int,
+    node: str | None,
+    port: int | None,
+    backend: str,
+    command: str | None,
+    idle_timeout: float | None,
+    timeout: float,
+    no_wait: bool,
+) -> None:
+    """Serve a model (N replicas behind the gateway) and wait until they answer."""
     c = api()
     config: dict[str, Any] = {"backend": backend}
     if command:
         config["command"] = command
-    body: dict[str, Any] = {"model_name": name, "device": full_device(device, node, "--device"), "config": config}
+    target = device if device.startswith("auto") else full_device(device, node, "--device")
+    body: dict[str, Any] = {"model_name": name, "device": target, "config": config, "replicas": replicas}
     if port:
         body["port"] = port
+    if idle_timeout:
+        body["idle_timeout_s"] = idle_timeout
     svc = c.post("services", body)
-    follow(c, c.get(f"queue/tasks/{svc['task_id']}"), f"serve {name}")
-    svc = c.get(f"services/{svc['id']}")
-    console.print(f"service {svc['id']} on {svc['device']}: {svc['url']}")
+    for r in svc["instances"]:
+        chosen = (r.get("placement") or {}).get("loaded_from")
+        console.print(f"replica {r['id'][:8]} -> {r['device']}" + (f" (weights from {chosen})" if chosen else ""))
+    if not no_wait:
+        svc = wait_replicas(c, svc["id"], replicas, timeout)
+    console.print(
+        f"service {svc['id']} ({svc['ready_replicas']}/{svc['replicas']} ready, {svc['status']}): "
+        f"{c.base_url}/v1 model={svc['gateway_model']}"
+    )
+
+
+def wait_replicas(c: ApiClient, service_id: str, count: int, timeout: float) -> dict[str, Any]:
+    """Poll a service until `count` replicas run; exit 1 when it fails or the wait runs out."""
+    deadline = time.monotonic() + timeout
+    with console.status(f"waiting for {count} replica(s)") as status:
+        while True:
+            svc = c.get(f"services/{service_id}")
+            status.update(f"{svc['ready_replicas']}/{count} replica(s) running ({svc['status']})")
+            if svc["ready_replicas"] >= count and svc["status"] == "running":
+                return svc
+            if svc["status"] in ("failed", "stopped") or time.monotonic() > deadline:
+                console.print(f"[red]service {service_id} {svc['status']}[/]: {svc.get('status_message') or ''}")
+                sys.exit(1)
+            time.sleep(0.5)
+
+
+def live_service(c: ApiClient, name: str) -> dict[str, Any]:
+    found = [
+        s
+        for s in c.get("services", per_page=500)["services"]
+        if name in (s["id"], s["model_name"]) and s["status"] not in ("stopping", "stopped", "failed")
+    ]
+    if len(found) != 1:
+        what = "no live service" if not found else f"{len(found)} live services (name one by id)"
+        raise click.ClickException(f"{what} of {name}")
+    return found[0]
+
+
+@model.command("scale")
+@click.argument("name_or_service")
+@click.argument("replicas", type=click.IntRange(1, 64))
+@click.option("--timeout", type=float, default=600, show_default=True)
+@click.option("--no-wait", is_flag=True)
+def scale(name_or_service: str, replicas: int, timeout: float, no_wait: bool) -> None:
+    """Keep a model's service at REPLICAS replicas (placement chooses where new ones go)."""
+    c = api()
+    svc = c.request("PATCH", f"services/{live_service(c, name_or_service)['id']}", json={"replicas": replicas})
+    if not no_wait:
+        svc = wait_replicas(c, svc["id"], replicas, timeout)
+    console.print(f"service {svc['id']}: {svc['ready_replicas']}/{svc['replicas']} replicas running")
 
 
 @model.command("stop")

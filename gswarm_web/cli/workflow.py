@@ -121,13 +121,15 @@ def cancel(workflow_id: str) -> None:
 
 @workflow.command("example")
 @click.option("--output", "output", required=True, type=click.Path(file_okay=False), help="Directory to write to.")
-def example(output: str) -> None:
-    """Write the example workflows of the original gswarm docs."""
-    from gswarm_web.workflows.examples import EXAMPLES
+@click.option("--original", is_flag=True, help="Write them as the original docs have them (naming node1, node2).")
+def example(output: str, original: bool) -> None:
+    """Write the example workflows of the original gswarm docs, with `auto` devices: they run on any fleet that
+    has the hardware they need (placement chooses every device at submission)."""
+    from gswarm_web.workflows.examples import EXAMPLES, RUNNABLE
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
-    for name, text in EXAMPLES.items():
+    for name, text in (EXAMPLES if original else RUNNABLE).items():
         (out / f"{name}.yaml").write_text(text)
         console.print(f"wrote {out / f'{name}.yaml'}")
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from gswarm_tasks import names
-from gswarm_tasks.devices import Device, safe_name, validate_node_name
+from gswarm_tasks.devices import AUTO, Device, parse_target, safe_name, validate_node_name
 from gswarm_tasks.errors import GswarmError, InvalidRequest
 
 ACTION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -20,6 +20,16 @@ MODEL_ACTIONS = ("download", "move", "copy", "delete", "serve", "stop_serve")
 DATA_ACTIONS = ("data_create", "data_move", "data_transfer", "inference", "data_merge")
 AVAILABLE = frozenset({*MODEL_ACTIONS, *DATA_ACTIONS, "health_check", "noop"})
 CHUNK_FIELDS = ("data_id", "input_data", "input_data_id", "input")  # fields that name one chunk
+# Device fields that may be left out (or written `auto` / `auto:<kind>`): placement fills them at submission.
+AUTO_DEFAULTS: dict[str, tuple[str, ...]] = {
+    "download": ("target_device",),
+    "move": ("source_device", "target_device"),
+    "copy": ("source_device", "target_device"),
+    "serve": ("device",),
+    "data_create": ("target_device",),
+    "inference": ("output_device",),
+    "data_merge": ("output_device",),
+}
 
 COMMON = {
     "action_id",
@@ -123,8 +133,11 @@ class Errors:
 
 def _device(errors: Errors, where: str, value: Any, default_node: str | None = None) -> str | None:
     if not isinstance(value, str):
-        errors.add(where, "a device name is required (<node>:<tier>)")
+        errors.add(where, "a device name is required (<node>:<tier>, or auto)")
         return None
+    if is_auto(value):  # placement chooses it at submission
+        target = errors.check(where, lambda: parse_target(value, where.rsplit(".", 1)[-1]))
+        return str(target) if target is not None else None
     dev = errors.check(where, lambda: Device.parse(value, field=where, default_node=default_node))
     if dev is not None and dev.node is None:
         errors.add(where, "`web` is not a device an action can use")
@@ -132,9 +145,13 @@ def _device(errors: Errors, where: str, value: Any, default_node: str | None = N
     return str(dev) if dev is not None else None
 
 
+def is_auto(value: Any) -> bool:
+    return isinstance(value, str) and (value == AUTO or value.startswith(AUTO + ":"))
+
+
 def _is_device(value: Any) -> TypeGuard[str]:
-    """A device name that was checked (normalized), not a reference to be resolved when the step runs."""
-    return isinstance(value, str) and "${" not in value and ":" in value
+    """A device name that was checked (normalized): not a reference resolved when the step runs, not `auto`."""
+    return isinstance(value, str) and "${" not in value and ":" in value and not is_auto(value)
 
 
 def _normalize_devices(errors: Errors, where: str, atype: str, raw: dict[str, Any], node: str | None) -> None:
@@ -240,6 +257,9 @@ def parse_action(errors: Errors, i: int, raw: Any, default_task_timeout: float) 
     if atype == "data_transfer" and isinstance(raw.get("target_node"), str) and "${" not in raw["target_node"]:
         _target_on_node(errors, where, raw, raw["target_node"])
     _normalize_devices(errors, where, atype, raw, node)
+    for key in AUTO_DEFAULTS.get(atype, ()):
+        if raw.get(key) is None:
+            raw[key] = AUTO  # an omitted device: placement chooses it at submission
     deps = raw.get("dependencies") or []
     if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
         errors.add(f"{where}.dependencies", "must be a list of action ids")

@@ -21,6 +21,7 @@ from ..tables import Model, Node, TaskRecord, WorkflowRun
 from .compiler import segments, step_device, step_queue
 from .data import prepare_data
 from .dispatcher import advance, send
+from .placing import place_workflow
 from .spec import Workflow, validate
 
 
@@ -32,6 +33,8 @@ def submit(doc: dict[str, Any]) -> WorkflowRun:
     """Validate, check against the fleet, persist, and start; nothing is created when anything is refused."""
     wf = validate(doc, settings().task_timeout_s)
     nodes = {n.name: n for n in db.session.scalars(db.select(Node))}
+    _register_models(wf)
+    placements = place_workflow(wf)
     for a in wf.actions:
         q = step_queue(a)
         if q != names.CONTROL_QUEUE and q not in nodes:
@@ -55,8 +58,9 @@ def submit(doc: dict[str, Any]) -> WorkflowRun:
         started_at=now(),
     )
     db.session.add(run)
-    _register_models(wf)
     data_extra = prepare_data(run, wf)
+    for aid, decisions in placements.items():
+        data_extra.setdefault(aid, {})["placement"] = decisions
     rows = _step_rows(run, wf, nodes, data_extra)
     views = {r["id"]: _RowView(r) for r in rows}
     sends = advance(run, views)  # decides the first chains before the rows are written: one insert, no updates

@@ -226,3 +226,41 @@ def test_bad_service_requests_are_refused_naming_the_field(
     assert len(fleet.get("/services?per_page=500")[1]["services"]) == before  # nothing was written
     r = _embed(fleet, fleet.token, "no-such-model")
     assert r.status_code == 404 and r.json()["error"]["details"]["field"] == "model"
+
+
+def test_a_runnable_example_with_a_gpu_step_fails_at_placement_on_a_cpu_fleet(fleet: Fleet) -> None:
+    import yaml
+
+    from gswarm_web.workflows.examples import RUNNABLE
+
+    before = fleet.get("/workflows")[1]["total"]
+    code, body = fleet.post("/workflows", yaml.safe_load(RUNNABLE["simple-deployment"]))
+    assert code == 409, body
+    assert body["error"]["details"]["field"] == "actions[move_to_gpu].target_device"
+    assert "GPU" in body["error"]["message"] and "actions[move_to_gpu].target_device" in body["error"]["message"]
+    assert fleet.get("/workflows")[1]["total"] == before
+
+
+def test_the_cli_shows_placement_serves_replicas_and_scales(fleet: Fleet, model_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {**fleet.env, "GSWARM_API_URL": fleet.base_url, "GSWARM_TOKEN": fleet.token, "COLUMNS": "200"}  # type: ignore[attr-defined]
+    gswarm = str(Path(sys.executable).with_name("gswarm"))
+
+    def cli(*args: str) -> str:
+        p = subprocess.run([gswarm, *args], env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stdout + p.stderr
+        return p.stdout
+
+    fleet.register_and_download("minilm-cli", f"file://{model_dir}", device="node1:disk")
+    shown = cli("placement", "minilm-cli")
+    assert "node1:cpu (weights from disk)" in shown and "node2:cpu" in shown and "peer" in shown
+    out = cli("model", "serve", "minilm-cli", "--replicas", "1")
+    assert "-> node1:cpu" in out and "1/1 ready" in out and "model=minilm-cli" in out
+    out = cli("model", "scale", "minilm-cli", "2")
+    assert "2/2 replicas running" in out
+    svc = next(s for s in fleet.get("/services?per_page=500")[1]["services"] if s["model_name"] == "minilm-cli")
+    assert sorted(i["device"] for i in svc["instances"] if i["status"] == "running") == ["node1:cpu", "node2:cpu"]
+    assert _embed(fleet, fleet.token, "minilm-cli").status_code == 200
+    cli("model", "stop", "minilm-cli")

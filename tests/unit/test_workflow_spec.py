@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gswarm_tasks.errors import InvalidRequest
+from gswarm_web.workflows.actions import AUTO_DEFAULTS, is_auto
 from gswarm_web.workflows.compiler import segments
-from gswarm_web.workflows.examples import EXAMPLES
+from gswarm_web.workflows.examples import EXAMPLES, RUNNABLE
 from gswarm_web.workflows.spec import load_document, validate
 
 
@@ -65,7 +66,10 @@ def noop(aid: str, *deps: str, **kw: object) -> dict:
         (doc(noop("a"), colour="red"), "colour"),
         ({"actions": [noop("a")]}, "name"),
         ({"name": "t", "actions": []}, "actions"),
-        (doc({"action_id": "s", "action_type": "serve", "model_name": "m"}), "actions[s].device"),
+        (
+            doc({"action_id": "s", "action_type": "serve", "model_name": "m", "device": "auto:tape"}),
+            "actions[s].device",
+        ),
         (doc({"action_id": "h", "action_type": "health_check", "target_url": "ftp://x"}), "actions[h].target_url"),
     ],
 )
@@ -147,3 +151,16 @@ def test_data_action_mistakes_name_the_field(action: dict, field: str) -> None:
     with pytest.raises(InvalidRequest) as exc:
         validate(doc({"action_id": "x", **action}))
     assert exc.value.message.startswith(field), exc.value.message
+
+
+@pytest.mark.parametrize("name", sorted(RUNNABLE))
+def test_runnable_examples_name_no_node(name: str) -> None:
+    """`gswarm workflow example` writes these: the original's actions, every device left to placement."""
+    wf = validate(load_document(RUNNABLE[name]))
+    original = validate(load_document(EXAMPLES[name]))
+    assert [a.type for a in wf.actions] == [a.type for a in original.actions]
+    assert "node1" not in RUNNABLE[name] and "node2" not in RUNNABLE[name]
+    for a in wf.actions:
+        for key in AUTO_DEFAULTS.get(a.type, ()):
+            value = a.params.get(key)
+            assert is_auto(value) or "${" in str(value), (a.id, key, value)

@@ -1,4 +1,6 @@
-"""The workflow examples of the original gswarm docs (one YAML file each; `gswarm workflow example` writes them)."""
+"""The workflow examples of the original gswarm docs: `RUNNABLE` (with `auto` devices, what `gswarm workflow
+example` writes; they run wherever the hardware allows) and `EXAMPLES` (verbatim, in `original/`, naming the
+original's node1 and node2)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,12 @@ ORDER = (
 )
 
 
-def _load() -> dict[str, str]:
+def _load(sub: str | None = None) -> dict[str, str]:
     folder = resources.files(__name__)
+    if sub is not None:
+        folder = folder.joinpath(sub)
     return {name: folder.joinpath(f"{name}.yaml").read_text() for name in ORDER}
 
 
-EXAMPLES: dict[str, str] = _load()
+EXAMPLES: dict[str, str] = _load("original")
+RUNNABLE: dict[str, str] = _load()

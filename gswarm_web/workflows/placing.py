@@ -1,0 +1,172 @@
+"""The `auto` devices of a workflow, chosen at submission in dependency order, so every step is routed to a real
+node before anything runs.
+
+A model follows its own trail through the workflow: a move or copy with an `auto` source starts from where an
+earlier action (one it depends on) left the model, a GPU is loaded on the node that holds the copy, a serve runs
+on the GPU its model was loaded onto (or, failing that, where its weights are), and a copy goes to a node that
+does not hold the model yet. Everything else is `control.placement`'s choice. A step that cannot be placed (a GPU
+step on a fleet without GPUs) refuses the whole workflow, naming the action and field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gswarm_tasks.devices import Auto, Device, parse_target
+from gswarm_tasks.errors import GswarmError, InvalidRequest
+
+from ..control.fleet import current_view
+from ..control.placement import choose, current_load, need_bytes
+from ..extensions import db
+from ..scheduling.placement import Load
+from ..tables import Model
+from .actions import Action, is_auto
+from .spec import Workflow, ancestors
+
+FIELDS = {
+    "download": ("target_device",),
+    "move": ("source_device", "target_device"),
+    "copy": ("source_device", "target_device"),
+    "serve": ("device",),
+    "data_create": ("target_device",),
+    "inference": ("output_device",),
+    "data_merge": ("output_device",),
+}
+
+
+def _order(wf: Workflow) -> list[Action]:
+    by_id, done, out = wf.by_id(), set(), []
+
+    def visit(a: Action) -> None:
+        if a.id in done:
+            return
+        done.add(a.id)
+        for d in a.deps:
+            visit(by_id[d])
+        out.append(a)
+
+    for a in wf.actions:
+        visit(a)
+    return out
+
+
+class Placer:
+    """Resolves one workflow's `auto` devices against one view of the fleet (memory it takes is counted)."""
+
+    def __init__(self, wf: Workflow) -> None:
+        self.wf = wf
+        self.order = _order(wf)
+        self.position = {a.id: i for i, a in enumerate(self.order)}
+        self.anc = ancestors(wf.by_id())
+        self.view = current_view()
+        self.load: Load = current_load()
+        self.models = {m.name: m for m in db.session.scalars(db.select(Model))}
+        self.trail: dict[str, dict[str, list[str]]] = {}  # action -> model -> devices it left the model on
+        self.decisions: dict[str, dict[str, Any]] = {}
+
+    def model(self, a: Action) -> Model | None:
+        name = a.params.get("model_name")
+        return self.models.get(name) if isinstance(name, str) else None
+
+    def last(self, a: Action, model: str, gpu: bool | None = None) -> str | None:
+        """The device the nearest earlier action (one `a` depends on) left `model` on."""
+        for b in sorted(self.anc[a.id], key=lambda x: self.position[x], reverse=True):
+            for dev in reversed(self.trail.get(b, {}).get(model, [])):
+                if gpu is None or Device.parse(dev).is_gpu == gpu:
+                    return dev
+        return None
+
+    def registry(self, model: Model | None, node: str | None = None) -> str | None:
+        """A ready copy in the registry (on `node` when given): dram before disk."""
+        locs = [
+            loc
+            for loc in (model.locations if model else [])
+            if loc.status == "ready" and loc.tier in ("dram", "disk") and (node is None or loc.node == node)
+        ]
+        return sorted(locs, key=lambda loc: (loc.tier != "dram", loc.device))[0].device if locs else None
+
+    def choose(self, a: Action, key: str, model: Model | None, action: str, target: Auto, **kw: Any) -> str:
+        try:
+            decision = choose(model, action, target, self.load, self.view, **kw)
+        except GswarmError as exc:
+            where = f"actions[{a.id}].{key}"
+            raise type(exc)(f"{where}: {exc.message}", {**exc.details, "field": where}) from None
+        device = str(decision["chosen"])
+        if action in ("serve", "load") and Device.parse(device).is_gpu:
+            self.load.reserved_bytes[device] = self.load.reserved_bytes.get(device, 0.0) + need_bytes(model)
+        self.decisions.setdefault(a.id, {})[key] = decision
+        return device
+
+    def source(self, a: Action, model: Model | None) -> str:
+        name = str(a.params.get("model_name"))
+        found = self.last(a, name, gpu=False) or self.registry(model)
+        if found is None:
+            raise InvalidRequest(
+                f"actions[{a.id}].source_device: no earlier action or registered copy of {name} to start from; "
+                "name one",
+                {"field": f"actions[{a.id}].source_device"},
+            )
+        return found
+
+    def place(self, a: Action) -> None:
+        p, model = a.params, self.model(a)
+        name = p.get("model_name") if isinstance(p.get("model_name"), str) else None
+        for key in FIELDS.get(a.type, ()):
+            if is_auto(p.get(key)):
+                target = parse_target(p[key], key)
+                assert isinstance(target, Auto)
+                p[key] = self.resolve(a, key, target, model, name)
+        if name is not None:
+            left = [p.get(k) for k in ("target_device", "device")] if a.type != "delete" else []
+            kept = [d for d in left if isinstance(d, str) and ":" in d and "${" not in d]
+            self.trail.setdefault(a.id, {})[name] = kept
+        for key in ("target_device", "device"):  # a step that puts weights on a GPU holds that GPU
+            dev = p.get(key)
+            if a.type in ("download", "move", "copy", "serve") and isinstance(dev, str) and "${" not in dev:
+                if ":" in dev and Device.parse(dev).is_gpu and dev not in a.exclusive:
+                    a.exclusive = sorted({*a.exclusive, dev})
+
+    def resolve(self, a: Action, key: str, target: Auto, model: Model | None, name: str | None) -> str:
+        kind = target.kind
+        if a.type == "download":
+            return self.choose(a, key, model, "download", target)
+        if a.type in ("move", "copy") and key == "source_device":
+            return self.source(a, model)
+        if a.type in ("move", "copy"):
+            src = Device.parse(str(a.params["source_device"]))
+            if kind == "gpu":
+                return self.choose(a, key, model, "load", target, on_node=src.node)
+            if a.type == "move":  # between tiers of the model's node
+                return str(Device(src.node, kind or ("dram" if src.tier == "disk" else "disk")))
+            self.load.exclude = {str(Device.parse(d).node) for d in self.holders(a, name, kind or "disk")}
+            try:
+                return self.choose(a, key, model, "copy", Auto(kind or "disk"))
+            finally:
+                self.load.exclude = set()
+        if a.type == "serve":
+            gpu = self.last(a, str(name), gpu=True) if name else None
+            if gpu is not None and kind in (None, "gpu"):
+                return gpu  # served where it was loaded
+            where = (self.last(a, str(name), gpu=False) if name else None) or self.registry(model)
+            node = Device.parse(where).node if where else None
+            return self.choose(a, key, model, "serve", target, on_node=node)
+        return self.choose(a, key, None, "data", target)
+
+    def holders(self, a: Action, name: str | None, tier: str) -> list[str]:
+        """Devices already holding the model on `tier`: where earlier actions left it, and the registry's copies."""
+        if name is None:
+            return []
+        held = [d for b in self.anc[a.id] for d in self.trail.get(b, {}).get(name, [])]
+        model = self.models.get(name)
+        held += [loc.device for loc in (model.locations if model else []) if loc.status == "ready"]
+        return [d for d in held if Device.parse(d).tier == tier]
+
+
+def place_workflow(wf: Workflow) -> dict[str, dict[str, Any]]:
+    """Resolve every `auto` device of `wf` in place; returns, per action, the placement decision of each field."""
+    if not any(is_auto(a.params.get(k)) for a in wf.actions for k in FIELDS.get(a.type, ())):
+        return {}
+    placer = Placer(wf)
+    for a in placer.order:
+        placer.place(a)
+    return placer.decisions
