@@ -113,6 +113,7 @@ def proxy(path: str) -> Response:
         out = {
             "Content-Type": resp.headers.get("Content-Type", "application/json"),
             "X-Gswarm-Replica": target.replica_id,
+            "X-Gswarm-Attempts": str(len(tried)),  # > 1: a replica failed and another answered
         }
         if stream:
             return Response(stream_with_context(_stream(resp, target)), status=resp.status, headers=out)
