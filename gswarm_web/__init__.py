@@ -11,6 +11,8 @@ from sqlalchemy import event
 
 from gswarm_tasks.settings import Settings, load_settings
 
+from .dashboard import SWAGGER_UI_URL
+
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     # WAL lets the web app read while the control worker writes; foreign keys are off by default in SQLite.
@@ -37,7 +39,8 @@ def flask_config(settings: Settings) -> dict[str, Any]:
         "OPENAPI_URL_PREFIX": "/api/v1",
         "OPENAPI_JSON_PATH": "openapi.json",
         "OPENAPI_SWAGGER_UI_PATH": "docs",
-        "OPENAPI_SWAGGER_UI_URL": "https://cdn.jsdelivr.net/npm/swagger-ui-dist/",
+        "OPENAPI_SWAGGER_UI_URL": SWAGGER_UI_URL,  # vendored: the docs work on an air-gapped cluster
+        "OPENAPI_SWAGGER_UI_CONFIG": {"validatorUrl": None},  # no badge fetched from validator.swagger.io
         "API_SPEC_OPTIONS": {
             "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
             "security": [{"bearer": []}],
@@ -51,6 +54,7 @@ def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     """Build the control-plane app from settings (default: loaded from config file and environment)."""
     from .api import BLUEPRINTS
     from .api.auth import init_auth
+    from .dashboard import bp as dashboard
     from .errors import register_error_handlers
     from .extensions import api, db
 
@@ -72,6 +76,7 @@ def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     init_auth(app)
     for blp in BLUEPRINTS:
         api.register_blueprint(blp)
+    app.register_blueprint(dashboard)
     return app
 
 

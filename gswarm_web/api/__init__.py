@@ -6,6 +6,7 @@ from flask_smorest import Blueprint
 
 from . import (
     data,
+    examples,
     gateway,
     health,
     models,
@@ -25,6 +26,7 @@ BLUEPRINTS: tuple[Blueprint, ...] = (
     models.blp,
     services.blp,
     workflows.blp,
+    examples.blp,
     queue.blp,
     profiler.blp,
     profiler.root,

@@ -24,8 +24,18 @@ GATEWAY = "gateway"  # the blueprint of /v1
 CACHE_S = 5.0
 _known: dict[str, tuple[float, tuple[str, str]]] = {}
 _known_lock = threading.Lock()
-# Reachable without a token: liveness for load balancers, and the API's own description.
-PUBLIC_ENDPOINTS = frozenset({"api-docs.openapi_json", "api-docs.openapi_swagger_ui", "health.Health", "static"})
+# Reachable without a token: liveness for load balancers, the API's own description, and the dashboard's files
+# (its page asks for a token and sends it with every API call).
+PUBLIC_ENDPOINTS = frozenset(
+    {
+        "api-docs.openapi_json",
+        "api-docs.openapi_swagger_ui",
+        "health.Health",
+        "static",
+        "dashboard.index",
+        "dashboard.static",
+    }
+)
 
 
 def hash_token(token: str) -> str:

@@ -1,10 +1,11 @@
-"""`/tokens`: admins create and revoke API tokens."""
+"""`/tokens`: admins create and revoke API tokens; `/tokens/self` tells any caller who it is."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import marshmallow as ma
+from flask import current_app, g
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
@@ -46,6 +47,22 @@ class Tokens(MethodView):
         row = db.session.scalar(db.select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
         row.token = token  # not a column: returned once, never stored
         return row
+
+
+class WhoAmISchema(ma.Schema):
+    name = ma.fields.String(metadata={"description": "the token's name"})
+    role = ma.fields.String(metadata={"enum": list(ROLES)})
+    can_write = ma.fields.Boolean(metadata={"description": "whether this token may call anything but reads"})
+
+
+@blp.route("/tokens/self")
+class TokenSelf(MethodView):
+    @blp.response(200, WhoAmISchema)
+    def get(self) -> dict[str, Any]:
+        """Who the caller is: its token's name and role (what a client shows or hides)"""
+        if not current_app.config.get("GSWARM_AUTH", True):
+            return {"name": "anonymous", "role": "admin", "can_write": True}
+        return {"name": g.token_name, "role": g.role, "can_write": g.role == "admin"}
 
 
 @blp.route("/tokens/<string:prefix>")

@@ -231,6 +231,7 @@ def run_supervised(
         api = f"http://{host}:{port}"
         _wait_healthy(api, node)
         console.print(f"[bold green]{title} is up[/]")
+        console.print(f"  dashboard   {api}/   (sign in with the admin token below)")
         console.print(f"  API         {api}/api/v1")
         console.print(f"  docs        {api}/api/v1/docs")
         console.print(f"  broker      {redis_url}   (join: gswarm client connect {redis_url} --node NAME)")

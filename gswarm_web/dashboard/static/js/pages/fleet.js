@@ -1,0 +1,221 @@
+// Fleet: every node (status, heartbeat, CPU, DRAM, disk, models in DRAM) and every GPU as a tile (utilisation,
+// memory used / total and what gswarm's replicas hold, a sparkline, models on it), updated from the live frames.
+// The DOM is built once per node and GPU and updated in place, so 200 nodes x 8 GPUs keep up with 1 s frames.
+
+import { all } from "../api.js";
+import { history, latest, gpuKey } from "../frames.js";
+import { badge, fill, fmtAge, fmtBytes, fmtPct, h, poll, s } from "../ui.js";
+
+const FRAME_MS = 1000;
+const NODES_MS = 3000;
+const MODELS_MS = 10000;
+const SPARK = 60; // points in a sparkline
+
+export async function render(root, _args, signal) {
+  const started = performance.now();
+  const summary = h("div", { class: "summary panel" });
+  const list = h("div", { id: "nodes" });
+  const status = h("div", { class: "muted small", id: "fleet-status" });
+  root.append(h("h1", null, "Fleet"), summary, status, list);
+
+  const cards = new Map(); // node name -> card (elements to update)
+  const state = { nodes: [], nodesAt: 0, frames: {}, placed: new Map(), held: new Map() };
+
+  async function loadNodes() {
+    state.nodes = await all("/nodes", "nodes", { signal });
+    state.nodesAt = performance.now();
+  }
+  async function loadPlacement() {
+    const [models, services] = await Promise.all([
+      all("/models", "models", { signal }),
+      all("/services", "services", { signal }),
+    ]);
+    const placed = new Map(); // device -> Set(model names)
+    const add = (device, name) => {
+      if (!placed.has(device)) placed.set(device, new Set());
+      placed.get(device).add(name);
+    };
+    for (const m of models) for (const d of m.locations || []) add(d, m.model_name);
+    const pids = new Map(); // node -> Map(pid -> model)
+    for (const svc of services) {
+      for (const r of svc.instances || []) {
+        if (["stopped", "failed"].includes(r.status)) continue;
+        add(r.device, svc.model_name);
+        if (r.pid) {
+          if (!pids.has(r.node)) pids.set(r.node, new Map());
+          pids.get(r.node).set(r.pid, svc.model_name);
+        }
+      }
+    }
+    state.placed = placed;
+    state.held = pids;
+  }
+
+  await Promise.all([loadNodes(), loadPlacement(), latest(signal).then((b) => (state.frames = b.nodes))]);
+  draw();
+  requestAnimationFrame(() => {
+    performance.measure("fleet-first-paint", { start: started, end: performance.now() });
+    root.dataset.firstPaintMs = (performance.now() - started).toFixed(1);
+  });
+
+  poll(async () => {
+    const t0 = performance.now();
+    state.frames = (await latest(signal)).nodes;
+    draw();
+    const ms = performance.now() - t0;
+    performance.measure("fleet-update", { start: t0, end: performance.now() });
+    root.dataset.updateMs = ms.toFixed(1);
+    root.dataset.updates = String(Number(root.dataset.updates || 0) + 1);
+  }, FRAME_MS, signal);
+  setTimeout(() => poll(loadNodes, NODES_MS, signal), NODES_MS);
+  setTimeout(() => poll(loadPlacement, MODELS_MS, signal), MODELS_MS);
+
+  function draw() {
+    const now = Date.now() / 1000;
+    let gpus = 0;
+    let utilSum = 0;
+    let utilN = 0;
+    let memUsed = 0;
+    let memTotal = 0;
+    const counts = {};
+    const names = new Set();
+    for (const node of state.nodes) {
+      names.add(node.name);
+      counts[node.status] = (counts[node.status] || 0) + 1;
+      let card = cards.get(node.name);
+      if (!card) {
+        card = nodeCard(node.name);
+        cards.set(node.name, card);
+        list.append(card.el);
+      }
+      const frame = state.frames[node.name];
+      updateNode(card, node, frame, now);
+      for (const g of frame ? frame.gpus || [] : []) {
+        gpus++;
+        if (g.utilization_percent !== undefined) { utilSum += g.utilization_percent; utilN++; }
+        memUsed += g.memory_used_bytes || 0;
+        memTotal += g.memory_total_bytes || 0;
+      }
+    }
+    for (const [name, card] of cards) {
+      if (!names.has(name)) { card.el.remove(); cards.delete(name); }
+    }
+    fill(summary,
+      stat("nodes", String(state.nodes.length)),
+      ...Object.entries(counts).map(([k, v]) => stat(k, String(v))),
+      stat("GPUs", String(gpus)),
+      stat("mean utilisation", utilN ? fmtPct(utilSum / utilN) : "—"),
+      stat("GPU memory", `${fmtBytes(memUsed)} / ${fmtBytes(memTotal)}`),
+    );
+    status.textContent = state.nodes.length ? "" : "No node has registered yet: start one with `gswarm client connect`.";
+  }
+
+  function updateNode(card, node, frame, now) {
+    const age = node.seconds_since_seen + (performance.now() - state.nodesAt) / 1000;
+    card.status.replaceWith((card.status = badge(node.status)));
+    card.el.dataset.status = node.status;
+    card.seen.textContent = `heartbeat ${fmtAge(age)}`;
+    const host = (frame && frame.host) || {};
+    card.cpu.textContent = `CPU ${fmtPct(host.cpu_percent ?? node.cpu_percent)} of ${node.cpu_count ?? "?"} cores`;
+    const dramUsed = host.dram_used_bytes ?? (node.dram_total_bytes ?? 0) - (node.dram_available_bytes ?? 0);
+    card.dram.textContent = `DRAM ${fmtBytes(dramUsed)} / ${fmtBytes(node.dram_total_bytes)}`;
+    const disk = (node.storage || {}).disk;
+    card.disk.textContent = disk ? `disk ${fmtBytes(disk.used_bytes)} / ${fmtBytes(disk.total_bytes)}` : "disk —";
+    const inDram = [...(state.placed.get(`${node.name}:dram`) || [])];
+    card.dramModels.textContent = inDram.length ? `in DRAM: ${inDram.join(", ")}` : "";
+    // GPUs: what the heartbeat lists, with the frame's readings on top
+    const rows = new Map((node.gpus || []).map((g) => [g.index, { ...g }]));
+    for (const g of frame ? frame.gpus || [] : []) rows.set(g.index, { ...(rows.get(g.index) || {}), ...g });
+    const stale = !frame || now - frame.time > 10;
+    const held = state.held.get(node.name);
+    for (const [index, g] of rows) {
+      let tile = card.tiles.get(index);
+      if (!tile) {
+        tile = gpuTile(gpuKey(node.name, index));
+        card.tiles.set(index, tile);
+        card.gpus.append(tile.el);
+      }
+      updateTile(tile, g, frame, stale, held);
+    }
+    card.noGpu.hidden = rows.size > 0;
+  }
+
+  function updateTile(tile, g, frame, stale, held) {
+    const key = tile.el.dataset.gpu;
+    tile.el.classList.toggle("stale", stale);
+    tile.el.dataset.util = g.utilization_percent ?? "";
+    tile.el.dataset.seq = frame ? frame.seq : "";
+    tile.name.textContent = `gpu${g.index} · ${g.name || ""}`;
+    tile.util.textContent = fmtPct(g.utilization_percent);
+    tile.utilBar.style.width = `${g.utilization_percent || 0}%`;
+    const total = g.memory_total_bytes;
+    const used = g.memory_used_bytes;
+    tile.mem.textContent = `${fmtBytes(used)} / ${fmtBytes(total)}`;
+    tile.memBar.style.width = total ? `${(100 * (used || 0)) / total}%` : "0%";
+    let ours = 0;
+    for (const p of g.processes || []) if (held && held.has(p.pid)) ours += p.gpu_memory_bytes || 0;
+    tile.ours.textContent = ours ? `gswarm ${fmtBytes(ours)}` : "";
+    const models = [...(state.placed.get(key) || [])];
+    tile.models.textContent = models.length ? models.join(", ") : "no model";
+    tile.models.title = tile.models.textContent;
+    const hist = history.get(key);
+    if (hist) {
+      const u = hist.util.slice(-SPARK);
+      const step = 100 / (SPARK - 1);
+      const x0 = 100 - step * (u.length - 1);
+      tile.spark.setAttribute("points", u.map((v, i) => `${(x0 + i * step).toFixed(1)},${(22 - ((v || 0) * 21) / 100).toFixed(1)}`).join(" "));
+    }
+  }
+}
+
+function stat(label, value) {
+  return h("div", { "data-stat": label }, h("b", null, value), h("span", { class: "muted small" }, label));
+}
+
+function nodeCard(name) {
+  const c = {
+    status: h("span"),
+    seen: h("span", { class: "stat" }),
+    cpu: h("span", { class: "stat" }),
+    dram: h("span", { class: "stat" }),
+    disk: h("span", { class: "stat" }),
+    dramModels: h("span", { class: "muted" }),
+    gpus: h("div", { class: "gpus" }),
+    noGpu: h("div", { class: "muted small" }, "no GPU"),
+    tiles: new Map(),
+  };
+  c.el = h(
+    "section",
+    { class: "node", "data-node": name },
+    h("div", { class: "node-head" }, h("span", { class: "name" }, name), c.status, c.seen, c.cpu, c.dram, c.disk, c.dramModels),
+    c.gpus,
+    c.noGpu,
+  );
+  return c;
+}
+
+function gpuTile(key) {
+  const utilBar = h("span");
+  const memBar = h("span");
+  const t = {
+    name: h("span", { class: "muted" }),
+    util: h("span", { class: "util" }),
+    utilBar,
+    mem: h("span"),
+    memBar,
+    ours: h("span", { class: "muted" }),
+    models: h("div", { class: "models" }),
+    spark: s("polyline", { points: "" }),
+  };
+  t.el = h(
+    "div",
+    { class: "gpu", "data-gpu": key },
+    h("div", { class: "top" }, t.name, t.util),
+    h("div", { class: "bar" }, utilBar),
+    s("svg", { class: "spark", viewBox: "0 0 100 22", preserveAspectRatio: "none" }, t.spark),
+    h("div", { class: "top" }, t.mem, t.ours),
+    h("div", { class: "bar mem" }, memBar),
+    t.models,
+  );
+  return t;
+}
