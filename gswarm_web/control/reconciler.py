@@ -65,11 +65,15 @@ def place_replica(svc: Service, exclude: set[str] | None = None) -> tuple[Replic
     """Choose a device for one more replica (spread over nodes), and record what starts it: its server, or first
     a copy of the weights. Raises ResourceUnavailable when nothing fits."""
     target = parse_target(svc.device, "device")
-    kind = target.kind if isinstance(target, Auto) else None
-    spread = {r.node for r in service_state.live_replicas(svc)}
-    load = current_load(svc.model, spread)
-    load.exclude = set(exclude or ())
-    decision = choose(svc.model, "serve", Auto(kind), load)
+    if isinstance(target, Auto):
+        spread = {r.node for r in service_state.live_replicas(svc)}
+        load = current_load(svc.model, spread)
+        load.exclude = set(exclude or ())
+        decision = choose(svc.model, "serve", target, load)
+    else:  # a pinned service woken after an idle unload: its own device
+        tier = service_state.serving_tier(svc.model, str(target.node))
+        decision = {"action": "serve", "model": svc.model.name, "chosen": str(target), "loaded_from": tier or "peer"}
+        decision["candidates"] = [{"device": str(target), "chosen": True, "loaded_from": decision["loaded_from"]}]
     rep = service_state.add_replica(svc, Device.parse(decision["chosen"]), decision)
     tier = service_state.serving_tier(svc.model, rep.node)
     if tier is not None:
@@ -174,9 +178,11 @@ def _round() -> int:
     tasks: list[TaskRecord] = []
     last = _last_requests()
     for svc in db.session.scalars(db.select(Service).where(Service.status.not_in(("stopping", "stopped")))):
-        if not service_state.is_auto(svc):
-            continue
-        _lose_unreachable(svc)
+        auto = service_state.is_auto(svc)
+        if not auto and not svc.idle_timeout_s:
+            continue  # a pinned service is the node's to keep; only its idle unload is the reconciler's
+        if auto:
+            _lose_unreachable(svc)
         if svc.status == "idle":
             continue
         serving = [r.started_at.timestamp() for r in svc.members if r.status == "running" and r.started_at]
@@ -185,7 +191,8 @@ def _round() -> int:
         if svc.idle_timeout_s and idle_for > svc.idle_timeout_s:
             tasks += _unload(svc)
             continue
-        tasks += fill(svc)
+        if auto or (svc.status == "starting" and not service_state.live_replicas(svc)):  # or woken by a request
+            tasks += fill(svc)
     return len(tasks)
 
 

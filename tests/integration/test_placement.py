@@ -170,18 +170,20 @@ def test_a_killed_node_is_routed_around_with_no_failed_request_and_its_replica_r
     assert time.monotonic() - killed_at < 240
 
 
+@pytest.mark.parametrize("device", ["auto:cpu", "node1:cpu"])
 def test_an_idle_service_is_unloaded_and_a_request_brings_it_back(
-    fleet: Fleet, model_dir: Path, expected: np.ndarray
+    fleet: Fleet, model_dir: Path, expected: np.ndarray, device: str
 ) -> None:
-    fleet.register_and_download("minilm-idle", f"file://{model_dir}", device="node1:disk")
-    code, svc = fleet.post("/services", {"model_name": "minilm-idle", "device": "auto:cpu", "idle_timeout_s": 3})
+    name = "minilm-idle" if device.startswith("auto") else "minilm-idle-pinned"
+    fleet.register_and_download(name, f"file://{model_dir}", device="node1:disk")
+    code, svc = fleet.post("/services", {"model_name": name, "device": device, "idle_timeout_s": 3})
     assert code == 202, svc
     _running(fleet, svc["id"], 1)
     idle = wait_for(lambda: (s := _service(fleet, svc["id"]))["status"] == "idle" and s, 60, "the service unloaded")
     assert idle["ready_replicas"] == 0
-    wait_for(lambda: "node1:dram" in fleet.get("/models/minilm-idle")[1]["locations"], 60, "weights staged in dram")
+    wait_for(lambda: "node1:dram" in fleet.get(f"/models/{name}")[1]["locations"], 60, "weights staged in dram")
     started = time.monotonic()
-    r = _embed(fleet, fleet.token, "minilm-idle")  # waits for the cold start
+    r = _embed(fleet, fleet.token, name)  # waits for the cold start
     assert r.status_code == 200, r.text
     assert time.monotonic() - started < 120
     got = np.asarray([d["embedding"] for d in r.json()["data"]])
@@ -190,6 +192,8 @@ def test_an_idle_service_is_unloaded_and_a_request_brings_it_back(
     assert back["status"] == "running" and back["ready_replicas"] == 1
     newest = [i for i in back["instances"] if i["status"] == "running"][0]
     assert newest["placement"]["loaded_from"] == "dram", newest["placement"]
+    assert newest["device"] == "node1:cpu"
+    fleet.api("DELETE", f"/services/{svc['id']}")
 
 
 def test_an_inference_token_calls_the_gateway_and_nothing_else(fleet: Fleet) -> None:
