@@ -20,18 +20,10 @@ from ..control.placement import choose, current_load, need_bytes
 from ..extensions import db
 from ..scheduling.placement import Load
 from ..tables import Model
-from .actions import Action, is_auto
+from .actions import AUTO_DEFAULTS, Action, is_auto
 from .spec import Workflow, ancestors
 
-FIELDS = {
-    "download": ("target_device",),
-    "move": ("source_device", "target_device"),
-    "copy": ("source_device", "target_device"),
-    "serve": ("device",),
-    "data_create": ("target_device",),
-    "inference": ("output_device",),
-    "data_merge": ("output_device",),
-}
+FIELDS = AUTO_DEFAULTS  # the device fields placement fills, per action type
 
 
 def _order(wf: Workflow) -> list[Action]:
