@@ -180,7 +180,7 @@ class _Server:
         uptime = round(time.monotonic() - self.started, 3)
         return jsonify(
             status="ok", model=self.name, task=self.backend.task, device=self.device, uptime_s=uptime,
-            requests_total=self.requests_total,
+            requests_total=self.requests_total, pid=os.getpid(),
         )  # fmt: skip
 
     def models(self) -> Response:

@@ -134,7 +134,7 @@ class ServiceRegistry:
                     f"service process exited with {proc.returncode} before it was ready: {tail(log_path)}",
                     {"exit_code": proc.returncode, "log_tail": tail(log_path)},
                 )
-            if check_health(entry["url"], timeout=1.0)[0]:
+            if check_health(entry["url"], timeout=1.0, pid=proc.pid)[0]:
                 entry["ready_at"] = time.time()  # from now on the monitor's checks count
                 self.save(entry)
                 return entry
@@ -186,7 +186,9 @@ class ServiceRegistry:
                     }
                 )
                 continue
-            healthy, message = check_health(entry["url"], timeout=5.0) if alive else (False, "process is not running")
+            healthy, message = (False, "process is not running")
+            if alive:
+                healthy, message = check_health(entry["url"], timeout=5.0, pid=int(entry["pid"]))
             item = {
                 "service_id": entry["service_id"],
                 "pid": entry.get("pid"),
@@ -200,11 +202,20 @@ class ServiceRegistry:
         return results
 
 
-def check_health(url: str, timeout: float) -> tuple[bool, str]:
+def check_health(url: str, timeout: float, pid: int | None = None) -> tuple[bool, str]:
+    """GET /health answers 200 (and, with `pid`, from that process when the server says its pid: on a host with
+    several node workers, another's server may already hold the port this one's server failed to bind)."""
     try:
         r = requests.get(f"{url}/health", timeout=timeout)
     except requests.RequestException as exc:
         return False, f"{type(exc).__name__}"
+    if r.status_code == 200 and pid is not None:
+        try:
+            said = r.json().get("pid")
+        except (ValueError, AttributeError):
+            said = None
+        if said is not None and said != pid:
+            return False, f"the server on {url} is process {said}, not {pid}"
     return r.status_code == 200, f"HTTP {r.status_code}"
 
 

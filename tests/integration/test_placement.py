@@ -114,6 +114,7 @@ def test_auto_serves_where_the_weights_are_then_a_second_replica_after_a_verifie
     assert auto_service["locations_with_one"] == ["node2:disk"]  # served with no copy
     two = auto_service["two"]
     assert sorted(i["device"] for i in two["instances"] if i["status"] == "running") == ["node1:cpu", "node2:cpu"]
+    assert len({i["url"] for i in two["instances"] if i["status"] == "running"}) == 2  # two servers, not one
     assert fleet.get("/models/minilm-auto")[1]["locations"] == ["node1:disk", "node2:disk"]
     copies = fleet.get("/queue/tasks?kind=copy&per_page=50")[1]["tasks"]
     assert any(t["target_device"] == "node1:disk" and t["status"] == "succeeded" for t in copies)
