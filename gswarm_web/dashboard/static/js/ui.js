@@ -32,6 +32,11 @@ export function writeButton(label, onclick, attrs = {}) {
   return h("button", { ...attrs, "data-write": "", onclick: guard(onclick) }, label);
 }
 
+/** A button that only reads (plan, export, plot, simulate): shown to every token. */
+export function readButton(label, onclick, attrs = {}) {
+  return h("button", { ...attrs, "data-read": "", onclick: guard(onclick) }, label);
+}
+
 /** Run an async handler with its button disabled; an error lands in `attrs.errorTarget` or an alert. */
 export function guard(fn) {
   return async (ev) => {
@@ -139,5 +144,11 @@ export function colorOf(name) {
 /** Replace an element's children, skipping null/undefined/false (which the DOM's own replaceChildren would print). */
 export function fill(el, ...children) {
   el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
+  return el;
+}
+
+/** Append children, skipping null/undefined/false and flattening arrays (the DOM's append would print them). */
+export function add(el, ...children) {
+  el.append(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
   return el;
 }

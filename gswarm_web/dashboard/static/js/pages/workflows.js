@@ -3,17 +3,17 @@
 
 import { ApiError, api, get, post } from "../api.js";
 import {
-  badge, canWrite, errorBox, fill, fmtDuration, fmtTime, h, json, poll, s, table, writeButton,
+  add, badge, canWrite, errorBox, fill, fmtDuration, fmtTime, h, json, poll, s, table, writeButton,
 } from "../ui.js";
 
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 
 export async function render(root, args, signal) {
   if (args[0]) return renderOne(root, args[0], signal);
-  root.append(h("h1", null, "Workflows"));
-  if (canWrite()) root.append(await submitPanel());
+  add(root, h("h1", null, "Workflows"));
+  if (canWrite()) add(root, await submitPanel());
   const listBox = h("div", { id: "workflow-list" });
-  root.append(h("h2", null, "Recent"), listBox);
+  add(root, h("h2", null, "Recent"), listBox);
   poll(async () => {
     const body = await get("/workflows?per_page=50", { signal });
     fill(listBox,
@@ -140,7 +140,7 @@ async function renderOne(root, id, signal) {
   const dagBox = h("div", { id: "dag" });
   const steps = h("div", { id: "steps" });
   const err = h("div");
-  root.append(h("p", null, h("a", { href: "#/workflows" }, "← all workflows")), head, err, h("h2", null, "Graph"), dagBox,
+  add(root, h("p", null, h("a", { href: "#/workflows" }, "← all workflows")), head, err, h("h2", null, "Graph"), dagBox,
     h("h2", null, "Steps"), steps);
   let selected = null;
   const stop = new AbortController();
