@@ -130,3 +130,22 @@ def test_a_library_that_fails_to_start_gives_a_node_without_gpus_and_one_log_lin
     assert log.count("no NVIDIA GPUs visible on this host") == 1, log[-3000:]
     assert "Driver Not Loaded" in log
     assert fleet.procs["node2"].proc is not None and fleet.procs["node2"].proc.poll() is None
+
+
+def test_a_session_on_the_node_without_gpus_records_its_host(fleet: Fleet) -> None:
+    """A host-only session: no GPU frames, host frames in the export with a per-node summary, host panels drawn."""
+    from gswarm_web.plots import panels_of
+
+    code, body = fleet.post("/profiler/sessions", {"name": "host", "freq_ms": 200, "nodes": ["node2"]})
+    assert code == 201, body
+    wait_for(lambda: (fleet.get("/profiler/sessions/host")[1].get("host_frame_count") or 0) >= 5, 30, "host frames")
+    code, stopped = fleet.post("/profiler/sessions/host/stop", {})
+    assert code == 200 and stopped["frame_count"] == 0 and stopped["host_frame_count"] >= 5, stopped
+    doc = fleet.get("/profiler/sessions/host/export")[1]
+    assert doc["frames"] == [] and len(doc["host_frames"]) == stopped["host_frame_count"]
+    assert {f["node"] for f in doc["host_frames"]} == {"node2"}
+    assert all(0 <= f["cpu_percent"] <= 100 and f["dram_used_bytes"] > 0 for f in doc["host_frames"])
+    assert doc["summary_by_node"]["node2"]["frames"] == len(doc["host_frames"])
+    assert panels_of(doc, []) == ["cpu", "dram", "disk", "network"]
+    r = fleet.client.get("/api/v1/profiler/sessions/host/plot?format=png", headers=fleet.auth())
+    assert r.status_code == 200 and r.data[:8] == b"\x89PNG\r\n\x1a\n"
