@@ -32,7 +32,10 @@ serve: $(VENV)/.serve
 
 install: $(STAMP)
 
+# The dashboard's tests drive Debian's Chromium (Playwright cannot fetch its own browser everywhere).
 dev: $(VENV)/.dev
+	@command -v chromium >/dev/null 2>&1 || apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium) \
+	  || echo "chromium could not be installed: the dashboard tests will fail until it is (apt-get install chromium)" >&2
 
 up: $(VENV)/.serve
 	$(BIN)/gswarm up

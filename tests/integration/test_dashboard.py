@@ -66,7 +66,7 @@ actions:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(tmp_path_factory.mktemp("dashboard"), redis_db=2, extra_env={"GSWARM_FAKE_GPUS": "2"}) as f:
+    with running_fleet(tmp_path_factory.mktemp("dashboard"), redis_db=1, extra_env={"GSWARM_FAKE_GPUS": "2"}) as f:
         f.base_url = f.serve_http()  # type: ignore[attr-defined]
         from gswarm_web.api.auth import create_token
 
@@ -273,6 +273,47 @@ def test_a_failing_workflow_shows_its_error_on_the_step_that_failed(admin: Any, 
     assert page.locator('svg.dag g.step[data-step="flaky"] rect').get_attribute("class") == "f-failed"
     assert message in (page.text_content('svg.dag g.step[data-step="flaky"] title') or "")
     page.screenshot(path=str(artifacts / "workflow-failed.png"), full_page=True)
+
+
+def test_cancel_from_the_page_stops_a_running_workflow(admin: Any, fleet: Fleet) -> None:
+    page = admin
+    page.goto(fleet.base_url + "/#/workflows")  # type: ignore[attr-defined]
+    page.fill(
+        "#workflow-yaml", "name: dash-long\nactions:\n  - action_id: wait\n    action_type: noop\n    duration_s: 60\n"
+    )
+    page.click("#submit-workflow")
+    page.wait_for_url("**/#/workflows/*")
+    page.wait_for_selector('svg.dag g.step[data-step="wait"][data-status="running"]')
+    page.click("#cancel")
+    page.wait_for_selector('#page-workflows[data-status="cancelled"]', timeout=30_000)
+    page.wait_for_selector('svg.dag g.step[data-step="wait"][data-status="cancelled"]', timeout=30_000)
+    assert page.locator("#cancel").count() == 0
+
+
+def test_a_profiling_session_started_stopped_plotted_and_exported_from_the_page(
+    admin: Any, fleet: Fleet, artifacts: Path
+) -> None:
+    page = admin
+    page.goto(fleet.base_url + "/#/profiler")  # type: ignore[attr-defined]
+    page.fill("#session-name", "dash-session")
+    page.fill("#session-freq", "200")
+    page.click("#session-start")
+    page.wait_for_selector('tr[data-session="dash-session"][data-status="active"]')
+    # the live timeline draws every GPU of both nodes from the frames
+    for key in ("node1:gpu0", "node1:gpu1", "node2:gpu0", "node2:gpu1"):
+        page.wait_for_selector(f'#gpu-timeline g[data-gpu="{key}"] polyline[points*=","]')
+    wait_for(lambda: (fleet.get("/profiler/sessions/dash-session")[1].get("frame_count") or 0) > 3, 30, "frames")
+    page.click('tr[data-session="dash-session"] button:has-text("Stop")')
+    page.wait_for_selector('tr[data-session="dash-session"][data-status="stopped"]')
+    page.click('tr[data-session="dash-session"] button:has-text("Plot")')
+    img = page.wait_for_selector("#profiler-plot img")
+    page.wait_for_function("() => document.querySelector('#profiler-plot img').naturalWidth > 100")
+    assert (img.get_attribute("src") or "").startswith("blob:")
+    with page.expect_download() as dl:
+        page.click('tr[data-session="dash-session"] button:has-text("Export")')
+    exported = json.loads(Path(dl.value.path()).read_text())
+    assert exported["frames"], list(exported)
+    page.screenshot(path=str(artifacts / "profiler-session.png"), full_page=True)
 
 
 def test_validation_errors_sit_beside_the_action_and_field_and_examples_are_one_click_away(
