@@ -4,7 +4,6 @@ server-sent events (`data: {...}` lines, then `data: [DONE]`). ML libraries are 
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -89,8 +88,12 @@ def complete(backend: Any, prompt: str, params: dict[str, Any]) -> tuple[str, st
     import torch
 
     enc, n_prompt, gen = _encode(backend, prompt, params)
-    with backend.lock, torch.inference_mode():
-        out = backend.model.generate(**enc, **gen)
+
+    def forward() -> Any:
+        with torch.inference_mode():
+            return backend.model.generate(**enc, **gen)
+
+    out = backend.run(forward)
     new = out[0, n_prompt:].tolist()
     text, finish = _finish(backend, backend.tokenizer.decode(new, skip_special_tokens=True), new, params)
     return text, finish, n_prompt, len(new)
@@ -105,10 +108,14 @@ def stream_text(backend: Any, prompt: str, params: dict[str, Any]) -> Iterator[s
     streamer = TextIteratorStreamer(backend.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=600)
 
     def run() -> None:
-        with backend.lock, torch.inference_mode():
-            backend.model.generate(**enc, **gen, streamer=streamer)
+        try:
+            with torch.inference_mode():
+                backend.model.generate(**enc, **gen, streamer=streamer)
+        except Exception:
+            streamer.end()  # the reader must not wait for pieces that will never come
+            raise
 
-    threading.Thread(target=run, daemon=True, name="gswarm-generate").start()
+    backend.start(run)
     sent = ""
     for piece in streamer:
         cuts = [i for i in ((sent + piece).find(s) for s in params["stop"]) if i >= 0]

@@ -18,10 +18,12 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -30,6 +32,7 @@ from .errors import GswarmError, InvalidRequest, ModelNotFound, NotFound, Resour
 from .generation import chat_prompt, complete, events, params_of, stream_text
 
 log = logging.getLogger("gswarm.model_server")
+T = TypeVar("T")
 EMBED, COMPLETE = "embeddings", "completions"
 _DEVICE_RE = re.compile(r"^(cpu|cuda(?::(\d+))?)$")
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -38,12 +41,24 @@ _ST_MARKERS = ("modules.json", "config_sentence_transformers.json")
 
 @dataclass
 class Backend:
-    """The loaded model; `lock` serialises every forward pass."""
+    """The loaded model. Every forward pass runs on one thread of its own (`run`): passes are serialised, and torch
+    keeps one pool of intra-op threads. Called from each request's thread instead, every new thread would start a
+    pool of its own, and many spinning pools on a few cores cut throughput by half or more under concurrency."""
 
     task: str
     model: Any
     tokenizer: Any = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    forward: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="gswarm-forward")
+    )
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """Run `fn` (a forward pass) on the backend's own thread and wait for its result."""
+        return self.forward.submit(fn).result()
+
+    def start(self, fn: Callable[[], None]) -> None:
+        """Queue `fn` on the backend's thread without waiting (a streamed generation)."""
+        self.forward.submit(fn)
 
 
 def check_device(device: str) -> str:
@@ -109,9 +124,13 @@ def embed(backend: Backend, texts: list[str], fmt: str, batch: int) -> tuple[lis
     import torch
 
     model = backend.model
-    with backend.lock, torch.inference_mode():
-        tokens = int(model.preprocess(texts)["attention_mask"].sum())
-        vectors = model.encode(texts, batch_size=batch, convert_to_numpy=True, show_progress_bar=False)
+
+    def forward() -> tuple[int, Any]:
+        with torch.inference_mode():
+            tokens = int(model.preprocess(texts)["attention_mask"].sum())
+            return tokens, model.encode(texts, batch_size=batch, convert_to_numpy=True, show_progress_bar=False)
+
+    tokens, vectors = backend.run(forward)
     vectors = np.asarray(vectors, dtype="<f4")
     if fmt == "base64":
         return [base64.b64encode(v.tobytes()).decode("ascii") for v in vectors], tokens
