@@ -77,6 +77,9 @@ def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     for blp in BLUEPRINTS:
         api.register_blueprint(blp)
     app.register_blueprint(dashboard)
+    from .api.gateway import FastPath
+
+    app.wsgi_app = FastPath(app)  # type: ignore[method-assign]
     return app
 
 

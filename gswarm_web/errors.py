@@ -17,7 +17,7 @@ from gswarm_tasks.errors import ERROR_CODES, GswarmError, InvalidRequest, error_
 
 log = logging.getLogger(__name__)
 
-_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _STATUS_CODES = {
     400: "INVALID_REQUEST",
     401: "UNAUTHORIZED",
@@ -49,7 +49,7 @@ def request_id() -> str:
     rid = getattr(g, "request_id", None)
     if rid is None:
         given = request.headers.get("X-Request-ID", "")
-        rid = given if _REQUEST_ID_RE.match(given) else f"req-{uuid.uuid4().hex[:20]}"
+        rid = given if REQUEST_ID_RE.match(given) else f"req-{uuid.uuid4().hex[:20]}"
         g.request_id = rid
     return str(rid)
 

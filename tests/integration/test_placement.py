@@ -208,6 +208,16 @@ def test_an_inference_token_calls_the_gateway_and_nothing_else(fleet: Fleet) -> 
         r = requests.request(method, f"{fleet.base_url}{path}", headers=bearer(token), json={}, timeout=10)  # type: ignore[attr-defined]
         assert r.status_code == 403 and r.json()["error"]["code"] == "FORBIDDEN", (path, r.text)
     assert _embed(fleet, "gsw_not-a-token", "no-such-model").status_code == 401
+    code, ro = fleet.post("/tokens", {"name": "viewer", "role": "read-only"})
+    r = _embed(fleet, ro["token"], "minilm-auto")  # a read-only token may not call a model
+    assert r.status_code == 403 and r.json()["error"]["code"] == "FORBIDDEN", r.text
+    r = requests.post(
+        f"{fleet.base_url}/v1/embeddings",  # type: ignore[attr-defined]
+        json={"model": "minilm-auto", "input": TEXTS},
+        headers={**bearer(token), "X-Request-ID": "trace-42"},
+        timeout=60,
+    )
+    assert r.status_code == 200 and r.headers["X-Request-ID"] == "trace-42" and r.headers["X-Gswarm-Replica"]
 
 
 @pytest.mark.parametrize(
