@@ -63,6 +63,8 @@ bench: dev services
 	$(BIN)/python bench/transfer.py
 	$(BIN)/python bench/workflow.py
 	$(BIN)/python bench/profiler.py
+	$(BIN)/python bench/scheduler.py
+	$(BIN)/python bench/gateway.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
