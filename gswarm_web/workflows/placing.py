@@ -10,6 +10,7 @@ step on a fleet without GPUs) refuses the whole workflow, naming the action and 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gswarm_tasks.devices import Auto, Device, parse_target
@@ -19,11 +20,13 @@ from ..control.fleet import current_view
 from ..control.placement import choose, current_load, need_bytes
 from ..extensions import db
 from ..scheduling.placement import Load
-from ..tables import Model
+from ..tables import ChunkLocation, Model
 from .actions import AUTO_DEFAULTS, Action, is_auto
 from .spec import Workflow, ancestors
 
-FIELDS = AUTO_DEFAULTS  # the device fields placement fills, per action type
+# The device fields placement fills, per action type (a chunk's move or transfer names its device, or `auto`).
+FIELDS = {**AUTO_DEFAULTS, "data_move": ("target_device",), "data_transfer": ("target_device",)}
+REF_STEP = re.compile(r"^\$\{([A-Za-z0-9][A-Za-z0-9_.-]*?)\.")
 
 
 def _order(wf: Workflow) -> list[Action]:
@@ -135,6 +138,8 @@ class Placer:
                 return self.choose(a, key, model, "copy", Auto(kind or "disk"))
             finally:
                 self.load.exclude = set()
+        if a.type in ("data_move", "data_transfer"):
+            return self.chunk_target(a, key, kind)
         if a.type == "serve":
             gpu = self.last(a, str(name), gpu=True) if name else None
             if gpu is not None and kind in (None, "gpu"):
@@ -143,6 +148,41 @@ class Placer:
             node = Device.parse(where).node if where else None
             return self.choose(a, key, model, "serve", target, on_node=node)
         return self.choose(a, key, None, "data", target)
+
+    def chunk_node(self, a: Action) -> str | None:
+        """The node holding the chunk `a` moves: where the step that made it put it, or a registered copy."""
+        ref = a.params.get("data_id")
+        if not isinstance(ref, str):
+            return None
+        m = REF_STEP.match(ref)
+        if m is not None:
+            maker = self.wf.by_id().get(m.group(1))
+            for key in ("target_device", "output_device"):
+                dev = maker.params.get(key) if maker is not None else None
+                if isinstance(dev, str) and ":" in dev and "${" not in dev and not is_auto(dev):
+                    return Device.parse(dev).node
+            return None
+        loc = db.session.scalar(db.select(ChunkLocation).where(ChunkLocation.chunk_id == ref).limit(1))
+        return loc.node if loc is not None else None
+
+    def chunk_target(self, a: Action, key: str, kind: str | None) -> str:
+        """A data_move stays on the chunk's node (to dram, or the tier named); a data_transfer goes to another node."""
+        if kind not in (None, "dram", "disk"):
+            field = f"actions[{a.id}].{key}"
+            raise InvalidRequest(f"{field}: a chunk lives on dram or disk, not {kind}", {"field": field})
+        node = self.chunk_node(a)
+        if a.type == "data_move":
+            if node is None:
+                raise InvalidRequest(
+                    f"actions[{a.id}].{key}: where the chunk is is not known at submission; name the device",
+                    {"field": f"actions[{a.id}].{key}"},
+                )
+            return str(Device(node, kind or "dram"))
+        self.load.exclude = {node} if node else set()
+        try:
+            return self.choose(a, key, None, "data", Auto(kind or "dram"))
+        finally:
+            self.load.exclude = set()
 
     def holders(self, a: Action, name: str | None, tier: str) -> list[str]:
         """Devices already holding the model on `tier`: where earlier actions left it, and the registry's copies."""

@@ -279,3 +279,30 @@ def test_the_cli_shows_placement_serves_replicas_and_scales(fleet: Fleet, model_
     assert sorted(i["device"] for i in svc["instances"] if i["status"] == "running") == ["node1:cpu", "node2:cpu"]
     assert _embed(fleet, fleet.token, "minilm-cli").status_code == 200
     cli("model", "stop", "minilm-cli")
+
+
+def test_a_chunks_auto_devices_follow_the_chunk(fleet: Fleet) -> None:
+    """data_create with no device, data_move to `auto` (the chunk's own node), data_transfer to `auto` (another)."""
+    import base64
+
+    actions = [
+        {"action_id": "make", "action_type": "data_create", "data": base64.b64encode(b"placed bytes").decode()},
+        {"action_id": "stage", "action_type": "data_move", "data_id": "${make.chunk_id}", "target_device": "auto"},
+        {"action_id": "ship", "action_type": "data_transfer", "data_id": "${make.chunk_id}", "target_device": "auto"},
+    ]
+    actions[1]["dependencies"], actions[2]["dependencies"] = ["make"], ["stage"]
+    code, wf = fleet.post("/workflows", {"name": "chunk-auto", "actions": actions})
+    assert code == 201, wf
+    done = wait_for(
+        lambda: (b := fleet.get(f"/workflows/{wf['id']}")[1])["status"] != "running" and b, 120, "the workflow"
+    )
+    assert done["status"] == "succeeded", done
+    steps = {s["action_id"]: s for s in done["steps"]}
+    made = steps["make"]["target_device"]
+    node = made.split(":")[0]
+    assert made.endswith(":disk") and steps["stage"]["target_device"] == f"{node}:dram"
+    other = "node2" if node == "node1" else "node1"
+    assert steps["ship"]["target_device"] == f"{other}:dram"
+    assert steps["ship"]["placement"]["target_device"]["chosen"] == f"{other}:dram"
+    chunk = fleet.get(f"/data/{steps['make']['outputs']['chunk_id']}")[1]
+    assert f"{other}:dram" in [loc["device"] for loc in chunk["locations"]], chunk
