@@ -31,6 +31,7 @@ function renderNav(active) {
 
 function signOut() {
   token.clear();
+  sessionStorage.removeItem(ME);
   session.me = null;
   route();
 }
@@ -51,6 +52,7 @@ function renderLogin(message) {
   );
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
+    sessionStorage.removeItem(ME);
     token.set(input.value.trim());
     route();
   });
@@ -58,9 +60,20 @@ function renderLogin(message) {
   input.focus();
 }
 
+const ME = "gswarm.me";
+
+/** Who the token belongs to: asked once per browser session, then remembered beside the token (a reload asks again
+ * in the background; the API decides what the token may do in any case, this only hides buttons). */
 async function whoAmI() {
   if (session.me) return session.me;
-  session.me = await get("/tokens/self");
+  const cached = sessionStorage.getItem(ME);
+  if (cached) {
+    session.me = JSON.parse(cached);
+    get("/tokens/self").then((me) => sessionStorage.setItem(ME, JSON.stringify(me)), () => {});
+  } else {
+    session.me = await get("/tokens/self");
+    sessionStorage.setItem(ME, JSON.stringify(session.me));
+  }
   fill(who, h("span", null,
     h("span", { id: "me", "data-role": session.me.role }, `${session.me.name} · ${session.me.role} `),
     session.me.can_write ? null : h("span", { class: "badge s-skipped", id: "read-only" }, "read only"),
@@ -77,6 +90,7 @@ async function route() {
     await whoAmI();
   } catch (err) {
     token.clear();
+    sessionStorage.removeItem(ME);
     session.me = null;
     return renderLogin(err instanceof ApiError && err.status === 401 ? "That token is not valid." : err);
   }
@@ -96,6 +110,7 @@ window.addEventListener("hashchange", route);
 window.addEventListener("gswarm:unauthorized", () => {
   if (!session.me) return;
   token.clear();
+  sessionStorage.removeItem(ME);
   session.me = null;
   renderLogin("The API no longer accepts this token; sign in again.");
 });

@@ -4,7 +4,7 @@
 
 import { all } from "../api.js";
 import { history, latest, gpuKey } from "../frames.js";
-import { add, fill, fmtAge, fmtBytes, fmtPct, h, poll } from "../ui.js";
+import { add, fill, fmtAge, fmtBytes, fmtPct, h, poll, showError } from "../ui.js";
 
 const FRAME_MS = 1000;
 const NODES_MS = 3000;
@@ -28,7 +28,7 @@ export async function render(root, _args, signal) {
     }
   }, { rootMargin: "300px" });
   signal.addEventListener("abort", () => io.disconnect());
-  const state = { nodes: [], nodesAt: 0, frames: {}, placed: new Map(), held: new Map() };
+  const state = { nodes: null, nodesAt: 0, frames: {}, placed: new Map(), held: new Map() };
 
   async function loadNodes() {
     state.nodes = await all("/nodes", "nodes", { signal });
@@ -60,14 +60,26 @@ export async function render(root, _args, signal) {
     state.held = pids;
   }
 
-  await Promise.all([loadNodes(), loadPlacement(), latest(signal).then((b) => (state.frames = b.nodes))]);
+  // The frames alone (one call) draw every node with GPUs and its tiles; the node table (status, heartbeat, disk)
+  // and where models are fill in as they arrive, so the first paint waits for the fastest answer only.
+  let drawn = false;
+  const thenDraw = (p) => p.then(
+    () => { if (drawn && !signal.aborted) draw(); },
+    (err) => { if (!signal.aborted) showError(err); },
+  );
+  thenDraw(loadNodes());
+  thenDraw(loadPlacement());
+  state.frames = (await latest(signal)).nodes;
+  drawn = true;
+  const t0 = performance.now();
   draw();
-  // after the next paint: the time since this view started, and since the document's navigation began
-  requestAnimationFrame(() => setTimeout(() => {
-    performance.measure("fleet-first-paint", { start: started, end: performance.now() });
-    root.dataset.renderMs = (performance.now() - started).toFixed(1);
-    root.dataset.firstPaintMs = performance.now().toFixed(1);
-  }, 0));
+  root.dataset.firstDrawMs = (performance.now() - t0).toFixed(1);
+  // at the frame that paints it: the time since this view started, and since the document's navigation began
+  requestAnimationFrame((at) => {
+    performance.measure("fleet-first-paint", { start: started, end: at });
+    root.dataset.renderMs = (at - started).toFixed(1);
+    root.dataset.firstPaintMs = at.toFixed(1);
+  });
 
   poll(async () => {
     const t0 = performance.now();
@@ -89,26 +101,34 @@ export async function render(root, _args, signal) {
     let memUsed = 0;
     let memTotal = 0;
     const counts = {};
-    const names = new Set();
-    for (const node of state.nodes) {
-      names.add(node.name);
-      counts[node.status] = (counts[node.status] || 0) + 1;
-      let card = cards.get(node.name);
+    const byName = new Map((state.nodes || []).map((n) => [n.name, n]));
+    // until the node table has come, the nodes that sent frames
+    const names = new Set(state.nodes ? byName.keys() : Object.keys(state.frames));
+    let added = false;
+    for (const name of names) {
+      const node = byName.get(name) || null;
+      const st = node ? node.status : "unknown";
+      counts[st] = (counts[st] || 0) + 1;
+      let card = cards.get(name);
       const fresh = !card;
       if (fresh) {
-        card = nodeCard(node.name);
-        cards.set(node.name, card);
-        list.append(card.el);
+        card = nodeCard(name);
+        cards.set(name, card);
         io.observe(card.el);
+        added = true;
       }
-      const frame = state.frames[node.name];
-      if (fresh || visible.has(node.name)) updateNode(card, node, frame, now);
+      const frame = state.frames[name];
+      if (fresh || visible.has(name)) updateNode(card, node, frame, now);
       for (const g of frame ? frame.gpus || [] : []) {
         gpus++;
         if (g.utilization_percent !== undefined) { utilSum += g.utilization_percent; utilN++; }
         memUsed += g.memory_used_bytes || 0;
         memTotal += g.memory_total_bytes || 0;
       }
+    }
+    if (added) { // keep the cards in name order (appending moves them)
+      const sorted = [...cards.keys()].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+      list.append(...sorted.map((n) => cards.get(n).el));
     }
     for (const [name, card] of cards) {
       if (!names.has(name)) {
@@ -118,41 +138,43 @@ export async function render(root, _args, signal) {
       }
     }
     fill(summary,
-      stat("nodes", String(state.nodes.length)),
+      stat("nodes", String(names.size)),
       ...Object.entries(counts).map(([k, v]) => stat(k, String(v))),
       stat("GPUs", String(gpus)),
       stat("mean utilisation", utilN ? fmtPct(utilSum / utilN) : "—"),
       stat("GPU memory", `${fmtBytes(memUsed)} / ${fmtBytes(memTotal)}`),
     );
-    status.textContent = state.nodes.length ? "" : "No node has registered yet: start one with `gswarm client connect`.";
+    status.textContent = names.size || !state.nodes ? "" : "No node has registered yet: start one with `gswarm client connect`.";
   }
 
   function updateNode(card, node, frame, now) {
-    const age = node.seconds_since_seen + (performance.now() - state.nodesAt) / 1000;
-    if (card.last.status !== node.status) {
-      card.last.status = node.status;
-      card.status.className = `badge s-${node.status}`;
-      card.status.textContent = node.status;
-      card.el.dataset.status = node.status;
+    const st = node ? node.status : "unknown";
+    if (card.last.status !== st) {
+      card.last.status = st;
+      card.status.className = `badge s-${st}`;
+      card.status.textContent = st;
+      card.el.dataset.status = st;
     }
+    const n = node || {};
+    const age = node ? node.seconds_since_seen + (performance.now() - state.nodesAt) / 1000 : null;
     card.seen.textContent = `heartbeat ${fmtAge(age)}`;
     const host = (frame && frame.host) || {};
-    card.cpu.textContent = `CPU ${fmtPct(host.cpu_percent ?? node.cpu_percent)} of ${node.cpu_count ?? "?"} cores`;
-    const dramUsed = host.dram_used_bytes ?? (node.dram_total_bytes ?? 0) - (node.dram_available_bytes ?? 0);
-    card.dram.textContent = `DRAM ${fmtBytes(dramUsed)} / ${fmtBytes(node.dram_total_bytes)}`;
-    const disk = (node.storage || {}).disk;
+    card.cpu.textContent = `CPU ${fmtPct(host.cpu_percent ?? n.cpu_percent)} of ${n.cpu_count ?? "?"} cores`;
+    const dramUsed = host.dram_used_bytes ?? (n.dram_total_bytes ?? 0) - (n.dram_available_bytes ?? 0);
+    card.dram.textContent = `DRAM ${fmtBytes(dramUsed)} / ${fmtBytes(n.dram_total_bytes)}`;
+    const disk = (n.storage || {}).disk;
     card.disk.textContent = disk ? `disk ${fmtBytes(disk.used_bytes)} / ${fmtBytes(disk.total_bytes)}` : "disk —";
-    const inDram = [...(state.placed.get(`${node.name}:dram`) || [])];
+    const inDram = [...(state.placed.get(`${card.el.dataset.node}:dram`) || [])];
     card.dramModels.textContent = inDram.length ? `in DRAM: ${inDram.join(", ")}` : "";
     // GPUs: what the heartbeat lists, with the frame's readings on top
-    const rows = new Map((node.gpus || []).map((g) => [g.index, { ...g }]));
+    const rows = new Map((n.gpus || []).map((g) => [g.index, { ...g }]));
     for (const g of frame ? frame.gpus || [] : []) rows.set(g.index, { ...(rows.get(g.index) || {}), ...g });
     const stale = !frame || now - frame.time > 10;
-    const held = state.held.get(node.name);
+    const held = state.held.get(card.el.dataset.node);
     for (const [index, g] of rows) {
       let tile = card.tiles.get(index);
       if (!tile) {
-        tile = gpuTile(gpuKey(node.name, index));
+        tile = gpuTile(gpuKey(card.el.dataset.node, index));
         card.tiles.set(index, tile);
         card.gpus.append(tile.el);
       }
