@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -43,7 +43,8 @@ _ST_MARKERS = ("modules.json", "config_sentence_transformers.json")
 class Backend:
     """The loaded model. Every forward pass runs on one thread of its own (`run`): passes are serialised, and torch
     keeps one pool of intra-op threads. Called from each request's thread instead, every new thread would start a
-    pool of its own, and many spinning pools on a few cores cut throughput by half or more under concurrency."""
+    pool of its own, and many spinning pools on a few cores cut throughput by half or more under concurrency.
+    Embedding requests that arrive while a pass runs wait in `waiting` and go through the next pass together."""
 
     task: str
     model: Any
@@ -51,6 +52,9 @@ class Backend:
     forward: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="gswarm-forward")
     )
+    waiting: list[tuple[list[str], Future[tuple[Any, list[int]]]]] = field(default_factory=list)
+    waiting_lock: threading.Lock = field(default_factory=threading.Lock)
+    passes: int = 0  # embedding passes run (requests_total / passes: how well requests were batched)
 
     def run(self, fn: Callable[[], T]) -> T:
         """Run `fn` (a forward pass) on the backend's own thread and wait for its result."""
@@ -120,21 +124,50 @@ def _strings(body: dict[str, Any], key: str, max_items: int) -> list[str]:
 
 
 def embed(backend: Backend, texts: list[str], fmt: str, batch: int) -> tuple[list[Any], int]:
+    """Vectors and token count of `texts`. Requests that wait together are encoded in one pass (dynamic
+    batching, at most `batch` texts a pass); each gets its own rows back."""
     import numpy as np
-    import torch
 
-    model = backend.model
-
-    def forward() -> tuple[int, Any]:
-        with torch.inference_mode():
-            tokens = int(model.preprocess(texts)["attention_mask"].sum())
-            return tokens, model.encode(texts, batch_size=batch, convert_to_numpy=True, show_progress_bar=False)
-
-    tokens, vectors = backend.run(forward)
+    done: Future[tuple[Any, list[int]]] = Future()
+    with backend.waiting_lock:
+        backend.waiting.append((texts, done))
+        if len(backend.waiting) == 1:  # the first to wait schedules the pass that takes everyone waiting then
+            backend.start(lambda: _encode_waiting(backend, batch))
+    vectors, tokens = done.result()
     vectors = np.asarray(vectors, dtype="<f4")
     if fmt == "base64":
-        return [base64.b64encode(v.tobytes()).decode("ascii") for v in vectors], tokens
-    return [v.tolist() for v in vectors], tokens
+        return [base64.b64encode(v.tobytes()).decode("ascii") for v in vectors], sum(tokens)
+    return [v.tolist() for v in vectors], sum(tokens)
+
+
+def _encode_waiting(backend: Backend, batch: int) -> None:
+    """On the forward thread: encode the waiting requests (up to `batch` texts, the first always) in one pass."""
+    import torch
+
+    with backend.waiting_lock:
+        taken: list[tuple[list[str], Future[tuple[Any, list[int]]]]] = []
+        count = 0
+        while backend.waiting and (not taken or count + len(backend.waiting[0][0]) <= batch):
+            taken.append(backend.waiting.pop(0))
+            count += len(taken[-1][0])
+        if backend.waiting:  # the rest go in the next pass
+            backend.start(lambda: _encode_waiting(backend, batch))
+    texts = [t for request_texts, _ in taken for t in request_texts]
+    backend.passes += 1
+    try:
+        with torch.inference_mode():
+            mask = backend.model.preprocess(texts)["attention_mask"]
+            vectors = backend.model.encode(texts, batch_size=batch, convert_to_numpy=True, show_progress_bar=False)
+        tokens = [int(n) for n in mask.sum(dim=1)]
+    except Exception as exc:
+        for _, fut in taken:
+            fut.set_exception(exc)
+        return
+    start = 0
+    for request_texts, fut in taken:
+        end = start + len(request_texts)
+        fut.set_result((vectors[start:end], tokens[start:end]))
+        start = end
 
 
 def _request_id() -> str:
@@ -199,7 +232,7 @@ class _Server:
         uptime = round(time.monotonic() - self.started, 3)
         return jsonify(
             status="ok", model=self.name, task=self.backend.task, device=self.device, uptime_s=uptime,
-            requests_total=self.requests_total, pid=os.getpid(),
+            requests_total=self.requests_total, embedding_passes=self.backend.passes, pid=os.getpid(),
         )  # fmt: skip
 
     def models(self) -> Response:

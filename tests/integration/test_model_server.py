@@ -146,6 +146,35 @@ def test_embeddings_are_openai_shaped_and_meaningful(minilm: Server) -> None:
     assert cosine(list(struct.unpack("<384f", raw)), a) > 0.9999
 
 
+def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(minilm: Server) -> None:
+    """Requests waiting on one another are encoded together; each answer holds exactly its own inputs' vectors."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = [f"sentence number {i} about {topic}" for i, topic in enumerate(["guitars", "markets", "rain"] * 8)]
+    alone = {t: call(minilm.url + "/v1/embeddings", {"input": [t]})[1]["data"][0]["embedding"] for t in texts[:3]}
+    requests_ = [texts[i : i + 1 + i % 3] for i in range(len(texts))]  # one to three inputs each
+    passes = call(minilm.url + "/health")[1]["embedding_passes"]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda inputs: call(minilm.url + "/v1/embeddings", {"input": inputs}), requests_))
+    assert call(minilm.url + "/health")[1]["embedding_passes"] - passes < len(requests_)  # some went together
+    for inputs, (status, body) in zip(requests_, answers, strict=True):
+        assert status == 200, body
+        assert [d["index"] for d in body["data"]] == list(range(len(inputs)))
+        assert body["usage"]["prompt_tokens"] > len(inputs)
+        for text, row in zip(inputs, body["data"], strict=True):
+            if text in alone:
+                assert cosine(row["embedding"], alone[text]) > 0.9999, text
+    # the same text in different requests gets the same vector, whatever it was batched with
+    firsts = [(inputs[0], body["data"][0]["embedding"]) for inputs, (_, body) in zip(requests_, answers, strict=True)]
+    seen: dict[str, list[float]] = {}
+    for text, vec in firsts + [
+        (inputs[-1], body["data"][-1]["embedding"]) for inputs, (_, body) in zip(requests_, answers, strict=True)
+    ]:
+        if text in seen:
+            assert cosine(seen[text], vec) > 0.9999, text
+        seen[text] = vec
+
+
 @pytest.mark.parametrize(
     "body",
     [
