@@ -64,6 +64,9 @@ def choose(
             raise InvalidRequest(f"device: {target} is not a storage tier for a {action}", {"field": "device"})
         action = "load"  # a move onto a GPU: the gpuN tier
     need = need_bytes(model) if action in ("serve", "load") else 0.0
+    load = load or current_load(model)
+    if action == "copy" and model is not None:  # a copy goes where the model is not yet
+        load.holding = load.holding | {loc.node for loc in model.locations if loc.tier == (kind or "disk")}
     view = view or current_view()
     if on_node is not None:
         view = {**view, "nodes": [n for n in view["nodes"] if n["name"] == on_node]}
@@ -73,5 +76,5 @@ def choose(
         ACTIONS[action],
         kind if ACTIONS[action] != "store" else (kind or "disk"),
         need,
-        load or current_load(model),
+        load,
     )

@@ -31,6 +31,7 @@ class Load:
     busy: dict[str, int] = field(default_factory=dict)
     spread_from: set[str] = field(default_factory=set)
     exclude: set[str] = field(default_factory=set)
+    holding: set[str] = field(default_factory=set)  # nodes that already hold the copy being placed
 
 
 def _gib(n: float) -> str:
@@ -132,6 +133,8 @@ def _host_candidates(view: dict[str, Any], model: dict[str, Any] | None, tier: s
             c["lost"] = f"{node['name']} is {node['status']}"
         elif node["name"] in load.exclude:
             c["lost"] = f"{node['name']} is excluded (a replica failed there)"
+        elif node["name"] in load.holding:
+            c["lost"] = f"{node['name']} already holds a copy on {tier}"
         elif tier == "dram" and not node.get("dram_total_bytes"):
             c["lost"] = f"{node['name']} has no dram tier"
         out.append(c)

@@ -133,11 +133,11 @@ class Placer:
                 return self.choose(a, key, model, "load", target, on_node=src.node)
             if a.type == "move":  # between tiers of the model's node
                 return str(Device(src.node, kind or ("dram" if src.tier == "disk" else "disk")))
-            self.load.exclude = {str(Device.parse(d).node) for d in self.holders(a, name, kind or "disk")}
+            self.load.holding = {str(Device.parse(d).node) for d in self.holders(a, name, kind or "disk")}
             try:
                 return self.choose(a, key, model, "copy", Auto(kind or "disk"))
             finally:
-                self.load.exclude = set()
+                self.load.holding = set()
         if a.type in ("data_move", "data_transfer"):
             return self.chunk_target(a, key, kind)
         if a.type == "serve":

@@ -306,3 +306,16 @@ def test_a_chunks_auto_devices_follow_the_chunk(fleet: Fleet) -> None:
     assert steps["ship"]["placement"]["target_device"]["chosen"] == f"{other}:dram"
     chunk = fleet.get(f"/data/{steps['make']['outputs']['chunk_id']}")[1]
     assert f"{other}:dram" in [loc["device"] for loc in chunk["locations"]], chunk
+
+
+def test_an_auto_copy_goes_where_the_model_is_not(fleet: Fleet, model_dir: Path) -> None:
+    fleet.register_and_download("minilm-copy", f"file://{model_dir}", device="node1:disk")
+    code, plan = fleet.get("/placement?model=minilm-copy&action=copy")
+    assert code == 200 and plan["chosen"] == "node2:disk", plan
+    held = next(c for c in plan["candidates"] if c["device"] == "node1:disk")
+    assert held["lost"] == "node1 already holds a copy on disk"
+    code, task = fleet.post("/models/minilm-copy/copy", {"target_device": "auto"})
+    assert code == 202 and task["target_device"] == "node2:disk", task
+    assert fleet.wait_task(task["task_id"], 120)["status"] == "succeeded"
+    code, body = fleet.get("/placement?model=minilm-copy&action=copy")  # every node holds it now
+    assert code == 409 and body["error"]["code"] == "RESOURCE_UNAVAILABLE", body
