@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
 import psutil
 
 
@@ -15,3 +23,45 @@ def cpu_seconds(proc: psutil.Process) -> float:
         except psutil.NoSuchProcess:
             pass
     return total
+
+
+class Profiles:
+    """py-spy attached to running processes while a benchmark case runs (`--profile DIR`): one file per case
+    and process, a flame graph (`.svg`) or collapsed stacks (`.txt`, `--profile-format raw`)."""
+
+    def __init__(self, out_dir: str | None, fmt: str = "flamegraph", rate: int = 40) -> None:
+        self.out_dir = out_dir
+        self.fmt = fmt
+        self.rate = rate
+
+    @contextlib.contextmanager
+    def record(self, case: str, pids: dict[str, int]) -> Iterator[None]:
+        if not self.out_dir:
+            yield
+            return
+        os.makedirs(self.out_dir, exist_ok=True)
+        ext = "svg" if self.fmt == "flamegraph" else "txt"
+        spies = []
+        for name, pid in pids.items():
+            out = os.path.join(self.out_dir, f"{case}-{name}.{ext}")
+            argv = [
+                os.path.join(os.path.dirname(sys.executable), "py-spy"),
+                "record",
+                "--pid",
+                str(pid),
+                "-r",
+                str(self.rate),
+                "--nonblocking",
+            ]
+            if name != "web":  # a worker's pool processes are its children; the web's children are the fleet
+                argv.append("--subprocesses")
+            argv += ["--format", self.fmt, "-o", out]
+            spies.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        time.sleep(1.0)  # py-spy attaches before the case starts
+        try:
+            yield
+        finally:
+            for p in spies:
+                p.send_signal(signal.SIGINT)
+            for p in spies:
+                p.wait(timeout=60)

@@ -40,13 +40,20 @@ class GswarmTask(Task):
         pipe = client.pipeline()
         pipe.incr(key)
         pipe.expire(key, int(self.app.conf.broker_transport_options.get("visibility_timeout", 3600)) * 4)
-        count = int(pipe.execute()[0])
+        self.prefetch(pipe, args, kwargs)
+        replies = pipe.execute()
+        count = int(replies[0])
+        self.request.gswarm_prefetched = replies[2:]
         cap = int(self.app.conf.get("gswarm_max_redeliveries", defaults.RETRY_COUNT))
         if count > cap + 1:
             raise RedeliveryLimitExceeded(
                 f"task {self.name}[{task_id}] was delivered {count} times without finishing; giving up",
                 {"task_id": task_id, "deliveries": count, "cap": cap},
             )
+
+    def prefetch(self, pipe: Any, args: Any, kwargs: Any) -> None:
+        """Reads a task wants before it runs, queued on the delivery count's round trip; their replies are in
+        `self.request.gswarm_prefetched` (absent when the task runs eagerly)."""
 
 
 class NodeTask(GswarmTask):
@@ -98,8 +105,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "gswarm_max_redeliveries": settings.retry_count,
         "task_time_limit": settings.task_timeout_s,
         "task_track_started": True,
-        "task_send_sent_event": True,
-        "worker_send_task_events": True,
+        # Events cost a Redis PUBLISH per task and state change; Flower turns the workers' on when it watches.
+        "task_send_sent_event": settings.task_events,
+        "worker_send_task_events": settings.task_events,
         "worker_prefetch_multiplier": 1,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "broker_connection_retry_on_startup": True,

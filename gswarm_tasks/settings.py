@@ -186,6 +186,14 @@ OPTIONS: tuple[Option, ...] = (
         "Retries of a failed task, and redeliveries of one whose worker died (3)",
     ),
     Option(
+        "task_events",
+        "GSWARM_QUEUE_TASK_EVENTS",
+        "queue.task_events",
+        parse_bool,
+        "Celery task events from the start (task-sent by senders, the rest by workers); Flower turns the workers'"
+        " on by itself (false)",
+    ),
+    Option(
         "visibility_timeout_s",
         "GSWARM_QUEUE_VISIBILITY_TIMEOUT",
         "queue.visibility_timeout",
@@ -312,6 +320,21 @@ OPTIONS: tuple[Option, ...] = (
         "Largest chunk accepted inline as base64 in `POST /data` (16MiB)",
     ),
     Option(
+        "data_inline_max_bytes",
+        "GSWARM_DATA_INLINE_MAX_BYTES",
+        "data.inline_max_bytes",
+        parse_size,
+        "Chunks up to this size travel inside their task message and are written by the node as they come; larger"
+        " inline chunks wait in Redis for the node to fetch (64KiB)",
+    ),
+    Option(
+        "data_batch_max_count",
+        "GSWARM_DATA_BATCH_MAX_COUNT",
+        "data.batch_max_count",
+        int,
+        "Most chunks one `POST /data/batch` may create; their bytes together are at most data.max_inline (1000)",
+    ),
+    Option(
         "data_max_size",
         "GSWARM_DATA_MAX_SIZE",
         "data.max_size",
@@ -381,6 +404,7 @@ class Settings:
     max_concurrent_tasks: int = defaults.MAX_CONCURRENT_TASKS
     task_timeout_s: int = defaults.TASK_TIMEOUT_S
     retry_count: int = defaults.RETRY_COUNT
+    task_events: bool = defaults.TASK_EVENTS
     visibility_timeout_s: int = defaults.VISIBILITY_TIMEOUT_S
     profiling_frequency_ms: int = defaults.PROFILING_FREQUENCY_MS
     profiling_bandwidth: bool = True
@@ -399,6 +423,8 @@ class Settings:
     serve_command: str | None = None
     data_allowed_hosts: tuple[str, ...] = ()
     data_max_inline: int = 16 * 1024 * 1024
+    data_inline_max_bytes: int = defaults.DATA_INLINE_MAX_BYTES
+    data_batch_max_count: int = defaults.DATA_BATCH_MAX_COUNT
     data_max_size: int = 64 * 1024**3
     data_dram_capacity: int = 0
     data_intermediate_ttl_s: float = 3600.0

@@ -84,14 +84,23 @@ def _stop_chain(task: Task) -> None:
     task.request.chain = None
 
 
-def _prologue(client: redis.Redis, spec: dict[str, Any]) -> tuple[dict[str, Any], bool, Any]:
-    """(full spec, cancelled, previous result) in one round trip: what a step checks before it starts."""
+def _prologue_reads(pipe: Any, spec: dict[str, Any]) -> None:
     tid = spec["task_id"]
-    pipe = client.pipeline(transaction=False)
     pipe.exists(names.cancel_workflow_key(spec["workflow_id"]), names.cancel_task_key(tid))
     pipe.get(names.step_done_key(tid))
     pipe.hget(names.workflow_specs_key(spec["workflow_id"]), tid)
-    cancelled, done, full = pipe.execute()
+
+
+def _prologue(task: Task, client: redis.Redis, spec: dict[str, Any]) -> tuple[dict[str, Any], bool, Any]:
+    """(full spec, cancelled, previous result): what a step checks before it starts, read in the round trip that
+    counted its delivery (`StepTask.prefetch`), or in one of its own."""
+    tid = spec["task_id"]
+    replies = getattr(task.request, "gswarm_prefetched", None)
+    if not replies or len(replies) != 3:
+        pipe = client.pipeline(transaction=False)
+        _prologue_reads(pipe, spec)
+        replies = pipe.execute()
+    cancelled, done, full = replies
     if full is not None:
         spec = json.loads(full)
     elif "action_type" not in spec:
@@ -136,14 +145,26 @@ def _on_error(task: Task, client: redis.Redis, spec: dict[str, Any], attempt: in
     _stop_chain(task)
 
 
-@app.task(name=names.WORKFLOW_STEP, base=NodeTask, bind=True)
+class StepTask(NodeTask):
+    """A workflow step. Its outcome travels on the reports stream and its outputs in Redis, so Celery stores no
+    result (nor a STARTED state) for it; what it checks before it starts is read with its delivery count."""
+
+    ignore_result = True
+
+    def prefetch(self, pipe: Any, args: Any, kwargs: Any) -> None:
+        spec = (args or [None])[0] if not kwargs else kwargs.get("spec")
+        if isinstance(spec, dict) and "task_id" in spec and "workflow_id" in spec:
+            _prologue_reads(pipe, spec)
+
+
+@app.task(name=names.WORKFLOW_STEP, base=StepTask, bind=True)
 def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
     """Run one workflow action; stop the rest of its chain when it fails or is cancelled.
 
     The message names the step; its spec (action, parameters, retries, devices) is read from Redis."""
     client = redis_of(self)
     attempt = int(self.request.retries or 0) + 1
-    spec, cancelled, done = _prologue(client, spec)
+    spec, cancelled, done = _prologue(self, client, spec)
     if cancelled:
         emit(client, spec, "cancelled", reason="cancelled before it started")
         _stop_chain(self)

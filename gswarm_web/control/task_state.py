@@ -8,6 +8,8 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy.orm import defer
+
 from gswarm_tasks import names
 from gswarm_tasks.errors import InvalidRequest, TaskFailed
 
@@ -85,6 +87,7 @@ def apply_reports(reports: list[Report]) -> None:
     rows = db.session.scalars(
         db.select(TaskRecord)
         .where(TaskRecord.id.in_(list(by_op)))
+        .options(defer(TaskRecord.message))  # what was sent (a chunk's bytes, say) is not needed to record it
         .with_for_update()
         .execution_options(populate_existing=True)
     )

@@ -7,6 +7,7 @@ once the broker took it, so a crash in between is repaired by `resend_undispatch
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -61,6 +62,9 @@ def _signature(app: Any, run_id: str, step: Any) -> Any:
     # The message carries ids only; the step's full spec waits in Redis (a chain message carries every later
     # signature of the chain, so small ones keep a long chain from costing O(n^2) in serialization).
     ref = {"task_id": step.id, "workflow_id": run_id, "step_id": step.step_id}
+    # A step's outcome travels on the reports stream: the sender does not subscribe to a Celery result, and the
+    # message's argsrepr is the plain repr (Celery's saferepr walks every argument).
+    opts.update(ignore_result=True, argsrepr=repr((ref,)), kwargsrepr="{}")
     return app.signature(names.WORKFLOW_STEP, args=(ref,), immutable=True, **opts)
 
 
@@ -107,6 +111,15 @@ def advance(run: WorkflowRun, steps: dict[str, Any]) -> Sends:
     return sends
 
 
+_PUBLISH_BATCH = 500
+
+
+def _batched(producer: Any) -> Any:
+    """The producer's publish batch (kombu >= 5.7 pipelines a batch's messages), else publishing one by one."""
+    batch = getattr(producer, "batch", None)
+    return batch(max_size=4 * _PUBLISH_BATCH) if batch is not None else contextlib.nullcontext()
+
+
 def send(sends: Sends) -> None:
     if not sends:
         return
@@ -120,11 +133,15 @@ def send(sends: Sends) -> None:
     pipe.execute()
     try:
         with app.producer_or_acquire() as producer:
-            for run_id, seg in sends:
-                sigs = [_signature(app, run_id, s) for s in seg]
-                canvas = sigs[0] if len(sigs) == 1 else chain(*sigs, app=app)
-                canvas.apply_async(producer=producer)
-                sent.extend(s.id for s in seg)
+            for part in range(0, len(sends), _PUBLISH_BATCH):
+                batch = sends[part : part + _PUBLISH_BATCH]
+                # One Redis round trip for the batch's messages; a row is `dispatched` only once it went out.
+                with _batched(producer):
+                    for run_id, seg in batch:
+                        sigs = [_signature(app, run_id, s) for s in seg]
+                        canvas = sigs[0] if len(sigs) == 1 else chain(*sigs, app=app)
+                        canvas.apply_async(producer=producer)
+                sent.extend(s.id for _, seg in batch for s in seg)
     finally:
         if sent:
             db.session.execute(db.update(TaskRecord).where(TaskRecord.id.in_(sent)).values(dispatched=True))

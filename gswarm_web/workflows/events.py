@@ -12,6 +12,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy.orm import defer
+
 from ..control import chunk_state, service_state, task_state
 from ..control.report import Report
 from ..extensions import db
@@ -103,7 +105,8 @@ def apply_reports(reports: list[Report]) -> Callable[[], None] | None:
             by_workflow[r.workflow_id].append(r)
     sends: Sends = []
     for wf_id, evs in by_workflow.items():
-        run = db.session.get(WorkflowRun, wf_id, with_for_update=True)
+        # The run is locked without its document (a large workflow's YAML would be decoded for every batch).
+        run = db.session.get(WorkflowRun, wf_id, with_for_update=True, options=[defer(WorkflowRun.document)])
         if run is not None:
             sends.extend(_apply_workflow(run, evs))
     return (lambda: send(sends)) if sends else None
