@@ -62,6 +62,7 @@ bench: dev services
 	$(BIN)/python bench/heartbeat.py
 	$(BIN)/python bench/transfer.py
 	$(BIN)/python bench/workflow.py
+	$(BIN)/python bench/chunks.py
 	$(BIN)/python bench/profiler.py
 	$(BIN)/python bench/scheduler.py
 	$(BIN)/python bench/gateway.py

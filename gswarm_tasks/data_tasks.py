@@ -11,6 +11,7 @@ from . import names
 from .celery_app import NodeTask, app, settings_of
 from .chunks import copy_chunk, remove_chunk, store_chunk
 from .context import require_node
+from .errors import InvalidRequest
 from .reporting import Reporter, redis_of, run_op
 
 
@@ -23,15 +24,45 @@ def create(
     data_b64: str | None = None,
     source_url: str | None = None,
     checksum: str | None = None,
+    data_key: str | None = None,
 ) -> dict[str, Any]:
-    """Store a chunk from inline bytes or a source; its sha256 is checked when the sender gave one."""
+    """Store a chunk from inline bytes (in the message, or waiting in Redis under `data_key` when they were too
+    large for it) or a source; its sha256 is checked when the sender gave one."""
     node = require_node()
     settings = settings_of(self.app)
 
     def body(rep: Reporter) -> dict[str, Any]:
         rep.phase = "creating"  # progress only: a phase event per small chunk would double its reports
-        data = base64.b64decode(data_b64, validate=True) if data_b64 is not None else None
-        return store_chunk(node, settings, chunk_id, tier, data, source_url, checksum, rep.progress)
+        text = data_b64
+        if data_key is not None:
+            staged = rep.client.get(data_key)
+            if staged is None:
+                raise InvalidRequest(f"chunk {chunk_id}: its bytes are no longer in Redis", {"chunk_id": chunk_id})
+            text = staged.decode() if isinstance(staged, bytes) else str(staged)
+        data = base64.b64decode(text, validate=True) if text is not None else None
+        out = store_chunk(node, settings, chunk_id, tier, data, source_url, checksum, rep.progress)
+        if data_key is not None:
+            rep.client.delete(data_key)  # stored: a redelivery finds the op done and needs them no more
+        return out
+
+    return run_op(self, op_id, body)
+
+
+@app.task(name=names.DATA_CREATE_BATCH, base=NodeTask, bind=True)
+def create_batch(self: Task, op_id: str, tier: str, chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Store many small chunks whose bytes came in the message (`chunk_id`, `data_b64`, `checksum` each), one
+    operation: one report when all are in place, or a failure that leaves none recorded."""
+    node = require_node()
+    settings = settings_of(self.app)
+
+    def body(rep: Reporter) -> dict[str, Any]:
+        rep.phase = "creating"
+        stored = []
+        for c in chunks:
+            data = base64.b64decode(c["data_b64"], validate=True)
+            stored.append(store_chunk(node, settings, c["chunk_id"], tier, data, None, c.get("checksum")))
+            rep.progress(len(data))
+        return {"chunks": stored, "count": len(stored)}
 
     return run_op(self, op_id, body)
 

@@ -24,6 +24,7 @@ MODEL_DELETE = "gswarm.node.model.delete"
 SERVICE_START = "gswarm.node.service.start"
 SERVICE_STOP = "gswarm.node.service.stop"
 DATA_CREATE = "gswarm.node.data.create"
+DATA_CREATE_BATCH = "gswarm.node.data.create_batch"  # many small chunks, bytes in the message
 DATA_COPY = "gswarm.node.data.copy"
 DATA_DELETE = "gswarm.node.data.delete"
 WORKFLOW_STEP = "gswarm.node.workflow.step"
@@ -105,3 +106,8 @@ def cancel_workflow_key(workflow_id: str) -> str:
 
 def cancel_task_key(task_id: str) -> str:
     return f"gswarm:cancel:task:{task_id}"
+
+
+def chunk_bytes_key(chunk_id: str) -> str:
+    """A created chunk's base64 bytes while its node has not stored them (those above data.inline_max_bytes)."""
+    return f"gswarm:chunk-bytes:{chunk_id}"

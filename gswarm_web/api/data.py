@@ -140,33 +140,105 @@ class Chunks(MethodView):
         return chunk_ops.create(dev, kwargs, fields, decision), 202
 
 
-def _data_target(text: str) -> tuple[Device, dict[str, Any] | None]:
-    target = parse_target(text, "device")
+def _data_target(text: str, field: str = "device") -> tuple[Device, dict[str, Any] | None]:
+    target = parse_target(text, field)
     if isinstance(target, Device):
-        return target.expect("device", files=True), None
+        return target.expect(field, files=True), None
     if target.kind in ("gpu", "cpu"):
-        raise InvalidRequest(f"device: {target} is not a data tier (auto, auto:dram or auto:disk)", {"field": "device"})
+        raise InvalidRequest(f"{field}: {target} is not a data tier (auto, auto:dram or auto:disk)", {"field": field})
     decision = choose(None, "data", target)
     return Device.parse(decision["chosen"]), decision
 
 
-def _create_kwargs(args: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+def _create_kwargs(args: dict[str, Any], prefix: str = "") -> tuple[dict[str, Any], str | None]:
     """What the node's create task gets: the bytes (checked base64, with their sha256) or a checked source."""
     s = settings()
     limit = s.data_max_inline
+    field = f"{prefix}data"
     if "data" not in args:
-        parse_data_source(args["source"], s, "source")
+        parse_data_source(args["source"], s, f"{prefix}source")
         return {"source_url": args["source"]}, None
     if len(args["data"]) > limit * 4 // 3 + 4:
-        raise InvalidRequest(f"data: more than {limit} bytes; use `source`", {"field": "data"})
+        raise InvalidRequest(f"{field}: more than {limit} bytes; use `source`", {"field": field})
     try:
         raw = base64.b64decode(args["data"], validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise InvalidRequest("data: not valid base64", {"field": "data"}) from exc
+        raise InvalidRequest(f"{field}: not valid base64", {"field": field}) from exc
     if len(raw) > limit:
-        raise InvalidRequest(f"data: more than {limit} bytes; use `source`", {"field": "data"})
+        raise InvalidRequest(f"{field}: more than {limit} bytes; use `source`", {"field": field})
     checksum = hashlib.sha256(raw).hexdigest()
     return {"data_b64": args["data"], "checksum": checksum}, checksum
+
+
+class ChunkBatchSchema(ma.Schema):
+    chunks = ma.fields.List(
+        ma.fields.Nested(ChunkCreateSchema),
+        required=True,
+        metadata={"description": "chunks as `POST /data` takes them (up to data.batch_max_count)"},
+    )
+
+
+class ChunkBatchItemSchema(ma.Schema):
+    chunk_id = ma.fields.String()
+    status = ma.fields.String()
+    device = ma.fields.String()
+    task_id = ma.fields.String(allow_none=True)
+    deduplicated = ma.fields.Boolean()
+
+
+class ChunkBatchCreatedSchema(ma.Schema):
+    chunks = ma.fields.List(ma.fields.Nested(ChunkBatchItemSchema))
+
+
+@blp.route("/data/batch")
+class ChunkBatch(MethodView):
+    @blp.arguments(ChunkBatchSchema)
+    @blp.response(202, ChunkBatchCreatedSchema)
+    @blp.alt_response(200, schema=ChunkBatchCreatedSchema, description="Every chunk was stored already")
+    def post(self, args: dict[str, Any]) -> Any:
+        """Create many chunks in one request: each as `POST /data` would, all or none (one refused refuses the
+        batch, naming it); answers every chunk's id, in order"""
+        s = settings()
+        given = args["chunks"]
+        if not given:
+            raise InvalidRequest("chunks: give at least one chunk", {"field": "chunks"})
+        if len(given) > s.data_batch_max_count:
+            raise InvalidRequest(
+                f"chunks: {len(given)} chunks, more than {s.data_batch_max_count} (data.batch_max_count)",
+                {"field": "chunks", "count": len(given), "max": s.data_batch_max_count},
+            )
+        total = sum(chunk_ops.inline_size(c["data"]) for c in given if isinstance(c.get("data"), str))
+        if total > s.data_max_inline:
+            raise InvalidRequest(
+                f"chunks: more than {s.data_max_inline} bytes together (data.max_inline); send fewer at a time",
+                {"field": "chunks", "max_bytes": s.data_max_inline},
+            )
+        targets: dict[str, tuple[Device, dict[str, Any] | None]] = {}
+        nodes: set[str] = set()
+        items = []
+        for i, c in enumerate(given):
+            prefix = f"chunks[{i}]."
+            if ("data" in c) == ("source" in c):
+                raise InvalidRequest(
+                    f"{prefix}data: give either `data` (base64) or `source`", {"field": f"{prefix}data"}
+                )
+            if c["device"] not in targets:  # one decision per distinct target in a request
+                targets[c["device"]] = _data_target(c["device"], f"{prefix}device")
+            dev, decision = targets[c["device"]]
+            if str(dev.node) not in nodes:
+                require_node(str(dev.node), f"{prefix}device")
+                nodes.add(str(dev.node))
+            kwargs, checksum = _create_kwargs(c, prefix)
+            fields = {
+                "chunk_type": c["type"],
+                "format": c.get("format"),
+                "meta": c["metadata"],
+                "created_by": f"api:{g.get('token_name') or 'anonymous'}",
+                "checksum": checksum,
+            }
+            items.append(chunk_ops.NewChunk(dev, kwargs, fields, decision))
+        out = chunk_ops.create_many(items)
+        return {"chunks": out}, 200 if all(o["deduplicated"] for o in out) else 202
 
 
 class ChunkCopySchema(ma.Schema):

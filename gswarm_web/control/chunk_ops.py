@@ -15,7 +15,7 @@ from gswarm_tasks import names
 from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import Conflict, NotFound, ResourceUnavailable
 
-from ..extensions import db
+from ..extensions import db, redis_client, settings
 from ..tables import ChunkLocation, ChunkRef, DataChunk, TaskRecord
 from .chunk_state import delete_copy, expected_of, holders, source_of, usable_locations
 from .dispatch import ACTIVE, dispatch, record, require_node, send_recorded
@@ -47,7 +47,7 @@ def create(
         "data_create",
         str(device.node),
         names.DATA_CREATE,
-        {"chunk_id": row["id"], "tier": device.tier, **kwargs},
+        {"chunk_id": row["id"], "tier": device.tier, **_staged(row["id"], kwargs)},
         target=str(device),
         extra_params={"chunk_id": row["id"], **({"placement": placement} if placement else {})},
     )
@@ -66,6 +66,112 @@ def create(
         task_id=task_id,
         deduplicated=False,
     )
+
+
+def inline_size(data_b64: str) -> int:
+    """The bytes behind checked base64 text."""
+    return len(data_b64) * 3 // 4 - (len(data_b64) - len(data_b64.rstrip("=")))
+
+
+def _staged(chunk_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The create's arguments: bytes up to data.inline_max_bytes travel in the message (and the outbox row); larger
+    ones wait in Redis for the node, so neither the broker's message nor the row carries megabytes."""
+    text = kwargs.get("data_b64")
+    if not isinstance(text, str) or inline_size(text) <= settings().data_inline_max_bytes:
+        return kwargs
+    key = names.chunk_bytes_key(chunk_id)
+    redis_client().set(key, text, ex=names.KEEP_S)
+    return {**{k: v for k, v in kwargs.items() if k != "data_b64"}, "data_key": key}
+
+
+class NewChunk:
+    """One chunk of a batch to create: where, the node task's arguments, the row's fields."""
+
+    __slots__ = ("device", "kwargs", "fields", "placement")
+
+    def __init__(
+        self, device: Device, kwargs: dict[str, Any], fields: dict[str, Any], placement: dict[str, Any] | None
+    ) -> None:
+        self.device, self.kwargs, self.fields, self.placement = device, kwargs, fields, placement
+
+
+def create_many(items: list[NewChunk]) -> list[dict[str, Any]]:
+    """Create many chunks in one transaction and one round trip to the broker; what each became, in order.
+
+    Equal bytes already available on the device (or earlier in the batch) are stored once, as one by one. Small
+    inline chunks bound for one device go as one operation whose message carries their bytes; others (sources,
+    larger bytes) as one operation each, as `create` sends them."""
+    same = _stored_copies(items)
+    out: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    grouped: dict[str, list[tuple[dict[str, Any], NewChunk]]] = {}
+    limit = settings().data_inline_max_bytes
+    for item in items:
+        checksum = item.fields.get("checksum")
+        key = (str(checksum), str(item.device))
+        if checksum and key in same:
+            out.append({**same[key], "deduplicated": True, "task_id": None})
+            continue
+        row = {"id": str(uuid.uuid4()), "status": "queued", "created_at": now(), **item.fields}
+        rows.append(row)
+        answer = {"chunk_id": row["id"], "status": "queued", "device": str(item.device), "deduplicated": False}
+        out.append(answer)
+        if checksum:
+            same[key] = {"chunk_id": row["id"], "status": "queued", "device": str(item.device)}
+        text = item.kwargs.get("data_b64")
+        if isinstance(text, str) and inline_size(text) <= limit:
+            grouped.setdefault(str(item.device), []).append((answer, item))
+        else:
+            rec = record(
+                "data_create",
+                str(item.device.node),
+                names.DATA_CREATE,
+                {"chunk_id": row["id"], "tier": item.device.tier, **_staged(row["id"], item.kwargs)},
+                target=str(item.device),
+                extra_params={"chunk_id": row["id"], **({"placement": item.placement} if item.placement else {})},
+            )
+            answer["task_id"] = rec.id
+    if rows:
+        db.session.execute(db.insert(DataChunk), rows)  # one bulk statement
+    for device, members in grouped.items():
+        dev = members[0][1].device
+        chunks = [
+            {"chunk_id": a["chunk_id"], "data_b64": i.kwargs["data_b64"], "checksum": i.kwargs.get("checksum")}
+            for a, i in members
+        ]
+        rec = record(
+            "data_create",
+            str(dev.node),
+            names.DATA_CREATE_BATCH,
+            {"tier": dev.tier, "chunks": chunks},
+            target=device,
+            extra_params={
+                "chunk_ids": [c["chunk_id"] for c in chunks],
+                **({"placement": members[0][1].placement} if members[0][1].placement else {}),
+            },
+        )
+        for a, _ in members:
+            a["task_id"] = rec.id
+    db.session.commit()
+    send_recorded()
+    return out
+
+
+def _stored_copies(items: list[NewChunk]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(checksum, device) -> the chunk already available there, for every item in one query."""
+    checksums = {i.fields["checksum"] for i in items if i.fields.get("checksum")}
+    if not checksums:
+        return {}
+    rows = db.session.execute(
+        db.select(DataChunk.id, DataChunk.checksum, ChunkLocation.device)
+        .join(ChunkLocation)
+        .where(
+            DataChunk.checksum.in_(checksums),
+            ChunkLocation.device.in_({str(i.device) for i in items}),
+            ChunkLocation.status == "available",
+        )
+    ).all()
+    return {(str(c), str(d)): {"chunk_id": i, "status": "available", "device": str(d)} for i, c, d in rows}
 
 
 def _under_way(chunk: DataChunk, target: Device) -> TaskRecord | None:

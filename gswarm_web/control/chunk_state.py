@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, or_
+from sqlalchemy import func, inspect, or_
+from sqlalchemy.orm import selectinload
 
 from gswarm_tasks import names
 from gswarm_tasks.devices import Device
@@ -104,7 +105,7 @@ def get_chunk(chunk_id: str, field: str = "chunk_id") -> DataChunk:
 
 def _upsert(chunk: DataChunk, data: dict[str, Any]) -> ChunkLocation:
     dev = Device.parse(str(data["device"]))
-    loc = db.session.get(ChunkLocation, (chunk.id, str(dev)))
+    loc = next((x for x in chunk.locations if x.device == str(dev)), None)  # the copies are loaded with the chunk
     if loc is None:
         loc = ChunkLocation(chunk_id=chunk.id, device=str(dev), node=str(dev.node), tier=dev.tier)
         chunk.locations.append(loc)
@@ -155,20 +156,71 @@ def copy_landed(chunk: DataChunk, data: dict[str, Any], delete_source: bool = Fa
         _drop(chunk, str(source))
     elif delete_source and source and source != loc.device and db.session.get(ChunkLocation, (chunk.id, source)):
         delete_copy(chunk.id, str(source), "transfer with delete_source")
-    if loc.tier == "dram":
+    if loc.tier == "dram" and settings().data_dram_capacity:
         db.session.flush()
         enforce_dram_capacity([loc.node])
     return loc
 
 
-def record_data_result(rec: TaskRecord, data: dict[str, Any]) -> None:
-    """A data operation succeeded: a chunk was stored or copied (a verified location), or one copy removed."""
+_LOCKED = "gswarm_chunks_locked"
+
+
+def lock_chunks(chunk_ids: set[str]) -> None:
+    """Load and lock the chunks a batch of reports is about, with their copies, in two queries (in id order, so
+    two lockers never wait on each other); `record_data_result` then finds them without a query each."""
+    ids = sorted(i for i in chunk_ids if isinstance(i, str))
+    if not ids:
+        return
+    query = (
+        db.select(DataChunk)
+        .where(DataChunk.id.in_(ids))
+        .order_by(DataChunk.id)
+        .options(selectinload(DataChunk.locations))
+        .with_for_update(of=DataChunk)
+        .execution_options(populate_existing=True)
+    )
+    db.session.info[_LOCKED] = {c.id: c for c in db.session.scalars(query)}  # held: the identity map is weak
+
+
+def unlock_chunks() -> None:
+    """Forget what `lock_chunks` loaded (the locks go with the transaction)."""
+    db.session.info.pop(_LOCKED, None)
+
+
+def _locked_chunk(chunk_id: Any) -> DataChunk | None:
+    """The chunk row, locked: two copies removed at once must not each see the other still there."""
+    chunk = db.session.info.get(_LOCKED, {}).get(chunk_id)
+    if chunk is not None and inspect(chunk).persistent and chunk not in db.session.deleted:
+        return cast(DataChunk, chunk)
+    return db.session.get(DataChunk, chunk_id, with_for_update=True, populate_existing=True)
+
+
+def chunk_ids_of(rec: TaskRecord) -> list[str]:
+    """The chunks a data operation is about (a batch create makes several)."""
     params = rec.params or {}
-    # The chunk row is locked: two copies removed at once must not each see the other still there.
-    chunk = db.session.get(DataChunk, params.get("chunk_id"), with_for_update=True, populate_existing=True)
+    if params.get("chunk_ids"):
+        return [str(c) for c in params["chunk_ids"]]
+    return [str(params["chunk_id"])] if params.get("chunk_id") else []
+
+
+def record_data_result(rec: TaskRecord, data: dict[str, Any]) -> None:
+    """A data operation succeeded: a chunk was stored or copied (a verified location), or one copy removed; a batch
+    create stored several."""
+    params = rec.params or {}
+    if params.get("chunk_ids"):
+        for item in data.get("chunks") or []:
+            if isinstance(item, dict) and item.get("chunk_id") in params["chunk_ids"]:
+                _landed(rec, str(item["chunk_id"]), item)
+        return
+    _landed(rec, params.get("chunk_id"), data)
+
+
+def _landed(rec: TaskRecord, chunk_id: Any, data: dict[str, Any]) -> None:
+    params = rec.params or {}
+    chunk = _locked_chunk(chunk_id)
     if chunk is None:
         if rec.kind != "data_delete" and data.get("device"):  # the chunk is gone: so goes the copy just made
-            delete_copy(str(params["chunk_id"]), str(data["device"]), "the chunk was deleted")
+            delete_copy(str(chunk_id), str(data["device"]), "the chunk was deleted")
         return
     if rec.kind == "data_delete":
         _drop(chunk, str(rec.source_device or data.get("device")))
@@ -179,8 +231,12 @@ def record_data_result(rec: TaskRecord, data: dict[str, Any]) -> None:
 
 
 def on_data_failure(rec: TaskRecord) -> None:
-    params = rec.params or {}
-    chunk = db.session.get(DataChunk, params.get("chunk_id"))
+    for chunk_id in chunk_ids_of(rec):
+        _failed(rec, chunk_id)
+
+
+def _failed(rec: TaskRecord, chunk_id: str) -> None:
+    chunk = db.session.get(DataChunk, chunk_id)
     if chunk is None:
         return
     message = (rec.error or {}).get("message")

@@ -8,6 +8,7 @@ tasks, never what an operation means to a model, a chunk or a service.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -81,15 +82,31 @@ def record(
         source_device=source,
         target_device=target,
         service_id=service_id,
-        params={**{k: v for k, v in kwargs.items() if k not in ("manifest", "source")}, **(extra_params or {})},
+        # the row keeps what the operation is about, not what it carries (a manifest, a token, chunks' bytes)
+        params={
+            **{k: v for k, v in kwargs.items() if k not in ("manifest", "source", "chunks")},
+            **(extra_params or {}),
+        },
         message={"task": task_name, "kwargs": {"op_id": op_id, **kwargs}},
         dispatched=False,
         attempts=0,
         created_at=now(),
     )
     db.session.add(rec)
-    db.session.info.setdefault(_OUTBOX, []).append(rec)
+    db.session.info.setdefault(_OUTBOX, []).append(_Outgoing(rec))
     return rec
+
+
+class _Outgoing:
+    """A recorded operation and what its message needs, kept as plain values: the commit expires the row, and
+    reading it again would cost a query per operation."""
+
+    __slots__ = ("rec", "id", "node", "task", "kwargs", "priority")
+
+    def __init__(self, rec: TaskRecord) -> None:
+        message = rec.message or {}
+        self.rec, self.id, self.node, self.priority = rec, rec.id, str(rec.node), rec.priority
+        self.task, self.kwargs = message["task"], message["kwargs"]
 
 
 def forget_recorded() -> None:
@@ -97,32 +114,54 @@ def forget_recorded() -> None:
     db.session.info.pop(_OUTBOX, None)
 
 
-def _send(rec: TaskRecord) -> None:
-    message = rec.message or {}
+def _batched(producer: Any) -> Any:
+    """The producer's publish batch (kombu >= 5.7 pipelines its messages), else publishing one by one."""
+    batch = getattr(producer, "batch", None)
+    return batch() if batch is not None else contextlib.nullcontext()
+
+
+def _send(app: Any, o: _Outgoing, producer: Any = None) -> None:
+    # Nothing reads an operation's Celery result (its outcome comes as reports): the sender subscribes to none
+    # and the worker stores none.
     send_to_node(
-        sender(), str(rec.node), message["task"], kwargs=message["kwargs"], priority=rec.priority, task_id=rec.id
+        app, o.node, o.task, kwargs=o.kwargs, priority=o.priority, task_id=o.id, producer=producer, ignore_result=True
     )
 
 
 def send_recorded() -> list[TaskRecord]:
     """Send every operation this session recorded (call after commit). One the broker refuses is marked failed
     and the last refusal raised as NetworkError, once all were tried."""
-    recs = db.session.info.pop(_OUTBOX, [])
-    if not recs:
+    out: list[_Outgoing] = db.session.info.pop(_OUTBOX, [])
+    if not out:
         return []
+    app = sender()
     refused: Exception | None = None
-    for rec in recs:
-        try:
-            _send(rec)
-            rec.dispatched = True
-        except Exception as exc:
-            refused = exc
-            rec.state, rec.finished_at = "failed", now()
-            rec.error = NetworkError(f"broker refused the task: {exc}"[:500]).to_dict()
+    sent: list[str] = []
+    try:
+        with app.producer_or_acquire() as producer, _batched(producer):  # one round trip for all of them
+            for o in out:
+                _send(app, o, producer)
+        sent = [o.id for o in out]
+    except Exception:  # one by one, as if never batched: each refusal marks its own operation
+        for o in out:
+            try:
+                _send(app, o)
+                sent.append(o.id)
+            except Exception as exc:
+                refused = exc
+                o.rec.state, o.rec.finished_at = "failed", now()
+                o.rec.error = NetworkError(f"broker refused the task: {exc}"[:500]).to_dict()
+    if sent:
+        db.session.execute(
+            db.update(TaskRecord)
+            .where(TaskRecord.id.in_(sent))
+            .values(dispatched=True)
+            .execution_options(synchronize_session=False)
+        )
     db.session.commit()
     if refused is not None:
         raise NetworkError(f"the broker refused the task: {refused}") from refused
-    return list(recs)
+    return [o.rec for o in out]
 
 
 def dispatch(
@@ -151,7 +190,7 @@ def resend_unsent(older_than_s: float = 5.0) -> int:
     )
     for rec in rows:
         log.warning("sending operation %s (%s) again: it never reached the broker", rec.id, rec.kind)
-    db.session.info[_OUTBOX] = rows
+    db.session.info[_OUTBOX] = [_Outgoing(rec) for rec in rows]
     try:
         send_recorded()
     except NetworkError as exc:

@@ -92,13 +92,25 @@ def apply_reports(reports: list[Report]) -> None:
         .execution_options(populate_existing=True)
     )
     recs = {rec.id: rec for rec in rows}
-    for op_id, events in by_op.items():
-        rec = recs.get(op_id)
-        if rec is None:
-            log.warning("%d report(s) for unknown task %s", len(events), op_id)
-            continue
-        for r in events:
-            apply(rec, r.event, r.data)
+    # The chunks that finished data operations are about, loaded and locked at once (not a query per report).
+    chunk_state.lock_chunks(
+        {
+            cid
+            for rec in recs.values()
+            if rec.kind in DATA_KINDS and any(r.event in ("succeeded", "failed") for r in by_op[rec.id])
+            for cid in chunk_state.chunk_ids_of(rec)
+        }
+    )
+    try:
+        for op_id, events in by_op.items():
+            rec = recs.get(op_id)
+            if rec is None:
+                log.warning("%d report(s) for unknown task %s", len(events), op_id)
+                continue
+            for r in events:
+                apply(rec, r.event, r.data)
+    finally:
+        chunk_state.unlock_chunks()
 
 
 def cancel(rec: TaskRecord) -> None:
