@@ -21,12 +21,13 @@ from .data_sources import fetch_into
 from .devices import Device
 from .errors import InvalidRequest, NetworkError, NotFound, VerificationError
 from .settings import Settings
-from .storage import hash_file, verified_copy
+from .storage import hash_bytes, hash_file, verified_copy
 from .storage import prefix as storage_prefix
 from .transfer.client import pull_files, read_file
 from .transfer.tokens import sign_token, transfer_secret
 
 Progress = Callable[[int], None]
+HASH_FROM_MEMORY = 1 << 20  # bytes given inline up to this are hashed as they are, not read back
 
 
 def _part(dest: Path) -> Path:
@@ -69,7 +70,7 @@ def store_chunk(
                 os.fsync(f.fileno())
         else:
             fetch_into(source_url, tmp, settings, progress)
-        h = hash_file(tmp, blocks=True)
+        h = hash_bytes(data) if data is not None and len(data) <= HASH_FROM_MEMORY else hash_file(tmp, blocks=True)
         if checksum and h["sha256"] != checksum:
             raise VerificationError(
                 "data: the bytes do not match their checksum", {"expected": checksum, "actual": h["sha256"]}

@@ -125,6 +125,19 @@ def hash_file(
     return out
 
 
+def hash_bytes(data: bytes) -> dict[str, Any]:
+    """What `hash_file(..., blocks=True)` answers for a file holding `data`, from memory (a small chunk's hashes
+    without reading it back or an 8 MiB buffer)."""
+    view = memoryview(data)
+    blocks = [blake3.blake3(view[i : i + HASH_BLOCK]).hexdigest() for i in range(0, len(data), HASH_BLOCK)]
+    return {
+        "size": len(data),
+        "blake3": blake3.blake3(data).hexdigest(),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "blocks": blocks,
+    }
+
+
 def build_manifest(root: Path, progress: Progress | None = None) -> dict[str, Any]:
     files = [{"path": rel, **hash_file(p, progress=progress, blocks=True)} for rel, p in iter_files(root)]
     return {"version": 1, "files": files, "total_bytes": sum(f["size"] for f in files)}
