@@ -3,13 +3,15 @@
 models (the model pool):
 1. same-node `disk -> dram` copy of a ~1 GiB model through the API and a real node worker, vs `cp -r`;
 2. cross-node copy `node1:disk -> node2:disk` over loopback (two real node workers), vs `curl` of the same file
-   from `python -m http.server`.
+   from `python -m http.server` (issue 13's baseline) and from nginx with sendfile (the physical limit, when
+   Debian's nginx is installed).
 Each timing runs from the POST to the moment the API reports the task succeeded (verified and recorded).
 chunks (the data pool):
 3. `POST /data/{id}/transfer` of a 1 GiB random chunk `node1:disk -> node2:disk`, vs `curl` of the same file
-   from `python -m http.server`; timed from the POST until `GET /data/{id}` lists an `available` copy on
-   node2:disk (verified and recorded). Every repeat transfers a fresh chunk created from the same file.
-Prints medians and the ratio baseline_time / gswarm_time (>= 1 means gswarm is as fast).
+   from `python -m http.server` and from nginx; timed from the POST until `GET /data/{id}` lists an `available`
+   copy on node2:disk (verified and recorded). Every repeat transfers a fresh chunk created from the same file.
+Prints medians and the ratio baseline_time / gswarm_time (>= 1 means gswarm is as fast); the goals are issue 13's.
+The sides of each repeat run in rotated order, each after `sync` (see `rotations`).
 small (the data pool):
 4. 10,000 distinct 4 KiB chunks created with base64 `POST /data` on node1:dram, sequentially through the
    Flask test client and then from a thread pool of HTTP clients; chunks/s for the submission and for the
@@ -17,6 +19,9 @@ small (the data pool):
 
     python bench/transfer.py [--only models,chunks,small] [--size-mib 1024] [--chunk-mib 1024] [--repeat 6]
                              [--streams N] [--small-count 10000] [--small-threads 4]
+                             [--profile DIR [--profile-format raw]]
+
+`--profile DIR` records py-spy on both node workers (main process and pool) during every gswarm transfer.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import base64
 import json
 import logging
 import os
+import pwd
 import resource
 import shutil
 import socket
@@ -44,7 +50,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_seconds  # noqa: E402
+from bench.common import Profiles, cpu_seconds  # noqa: E402
 from tests.integration.fleet import Fleet, sha256  # noqa: E402
 from tests.integration.procs import wait_for  # noqa: E402
 
@@ -73,6 +79,8 @@ def make_random_file(path: Path, size_mib: int) -> Path:
 
 NODE_TIMES: list[float] = []
 CHUNK_NODE_TIMES: list[float] = []
+PROFILES = Profiles(None)
+PIDS: dict[str, int] = {}
 
 
 def run_copy(fleet: Fleet, body: dict[str, str]) -> float:
@@ -104,6 +112,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_http(port: int, probe: str, what: str) -> None:
+    url = f"http://127.0.0.1:{port}/{probe}"
+    wait_for(lambda: subprocess.run(["curl", "-sfI", "-o", "/dev/null", url]).returncode == 0, 10, what)
+
+
 def http_server(directory: Path, probe: str) -> tuple[subprocess.Popen[bytes], int]:
     """`python -m http.server` on `directory`, once it answers for `probe`."""
     port = free_port()
@@ -112,18 +125,49 @@ def http_server(directory: Path, probe: str) -> tuple[subprocess.Popen[bytes], i
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    wait_for(
-        lambda: subprocess.run(["curl", "-sfI", "-o", "/dev/null", f"http://127.0.0.1:{port}/{probe}"]).returncode == 0,
-        10,
-        "http.server",
+    wait_http(port, probe, "http.server")
+    return server, port
+
+
+def nginx_server(directory: Path, probe: str, work: Path) -> tuple[subprocess.Popen[bytes], int] | None:
+    """Debian's nginx serving `directory` with sendfile, unprivileged and in the foreground (the physical limit
+    of serving a file over HTTP here); None when nginx is not installed (`apt-get install nginx-light`)."""
+    exe = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
+    if exe is None:
+        return None
+    work.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    temp = " ".join(f"{k}_temp_path {work};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    (work / "nginx.conf").write_text(
+        # `user`: the workers read as the bench's own user (it matters only when that is root: the fleet's
+        # directories are private to it)
+        f"daemon off; worker_processes 1; user {pwd.getpwuid(os.geteuid()).pw_name};\n"
+        f"pid {work}/nginx.pid; error_log {work}/error.log;\n"
+        "events { worker_connections 64; }\n"
+        f"http {{ access_log off; sendfile on; tcp_nopush on; {temp}\n"
+        f"  server {{ listen 127.0.0.1:{port}; root {directory}; }} }}\n"
     )
+    server = subprocess.Popen(
+        [exe, "-p", str(work), "-c", str(work / "nginx.conf")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    wait_http(port, probe, "nginx")
     return server, port
 
 
 def timed_curl(port: int, name: str, out: Path) -> float:
     t0 = time.perf_counter()
     subprocess.run(["curl", "-sf", "-o", str(out), f"http://127.0.0.1:{port}/{name}"], check=True)
-    return time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0
+    out.unlink()
+    return elapsed
+
+
+def rotations(repeat: int, sides: int) -> list[list[int]]:
+    """The order of the sides in each repeat, rotated so that every side goes first as often as the others.
+
+    Freshly written pages cost this host's kernel very different amounts of time from one run to the next
+    (the copy into the page cache, not the network, is what varies); rotating spreads that over every side."""
+    return [[(i + k) % sides for k in range(sides)] for i in range(repeat)]
 
 
 def row(name: str, size: int, ours: list[float], base: list[float], goal: float) -> dict[str, object]:
@@ -158,6 +202,8 @@ def bench_models(fleet: Fleet, src_root: Path, args: argparse.Namespace) -> dict
         return time.perf_counter() - t0
 
     server, port = http_server(stored, "config.json")
+    nginx = nginx_server(stored, "config.json", fleet.tmp / "nginx-models")
+    remote_nginx: list[float] = []
     try:
         # Alternate which side goes first, and flush dirty pages before every timed run, so that neither side
         # pays for the other's writeback.
@@ -172,24 +218,29 @@ def bench_models(fleet: Fleet, src_root: Path, args: argparse.Namespace) -> dict
                     dest = fleet.dram_base / "cp-baseline"
                     local_cp.append(timed_cp(dest))
                     shutil.rmtree(dest)
-        for i in range(args.repeat):
-            for side in (0, 1) if i % 2 == 0 else (1, 0):
+        out = fleet.storage("node2") / "curl-baseline.bin"
+        for i, order in enumerate(rotations(args.repeat, 3 if nginx else 2)):
+            for side in order:
                 os.sync()
                 if side == 0:
-                    remote_g.append(run_copy(fleet, {"source_device": "node1:disk", "target_device": "node2:disk"}))
+                    with PROFILES.record(f"transfer-models-{i}", PIDS):
+                        remote_g.append(run_copy(fleet, {"source_device": "node1:disk", "target_device": "node2:disk"}))
                     drop(fleet, "node2:disk")
-                else:
-                    out = fleet.storage("node2") / "curl-baseline.bin"
+                elif side == 1:
                     remote_curl.append(timed_curl(port, "model.safetensors", out))
-                    out.unlink()
+                elif nginx:
+                    remote_nginx.append(timed_curl(nginx[1], "model.safetensors", out))
     finally:
-        server.terminate()
-        server.wait()
+        for proc in (server, nginx[0] if nginx else None):
+            if proc is not None:
+                proc.terminate()
+                proc.wait()
     rows = [
         row("same-node disk->dram vs cp", size, local_g, local_cp, 0.9),
-        row("cross-node copy vs curl", size, remote_g, remote_curl, 0.8),
+        row("1 GiB model copy across nodes vs curl", size, remote_g, remote_curl, 0.9),
     ]
-    return {"bytes": size, "repeat": args.repeat, "results": rows, "node_side_s": NODE_TIMES}
+    limit = [row("1 GiB model copy across nodes vs curl from nginx", size, remote_g, remote_nginx, 0)] if nginx else []
+    return {"bytes": size, "repeat": args.repeat, "results": rows, "limits": limit, "node_side_s": NODE_TIMES}
 
 
 # ---- chunks -------------------------------------------------------------------------------------------------
@@ -266,6 +317,7 @@ def bench_chunks(fleet: Fleet, src_root: Path, args: argparse.Namespace) -> dict
     size = src.stat().st_size
     want = sha256(src)
     server, port = http_server(src.parent, src.name)
+    nginx = nginx_server(src.parent, src.name, fleet.tmp / "nginx-chunks")
     workers = [psutil.Process(fleet.procs[n].pid) for n in ("control", "node1", "node2")]
     baseline = [psutil.Process(server.pid)]
 
@@ -273,35 +325,41 @@ def bench_chunks(fleet: Fleet, src_root: Path, args: argparse.Namespace) -> dict
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # curl, once it has been waited for
         return sum(cpu_seconds(p) for p in procs) + kids.ru_utime + kids.ru_stime
 
-    ours, curl, ours_cpu, curl_cpu = [], [], [], []
+    ours, curl, ours_cpu, curl_cpu, via_nginx = [], [], [], [], []
+    out = fleet.storage("node2") / "curl-baseline.bin"
     try:
-        for i in range(args.repeat):
+        for i, order in enumerate(rotations(args.repeat, 3 if nginx else 2)):
             chunk_id = create_chunk(fleet, src)  # a fresh chunk each time: only the transfer is timed
-            for side in (0, 1) if i % 2 == 0 else (1, 0):
+            for side in order:
                 os.sync()
                 if side == 0:
-                    c0 = cpu(workers)
-                    ours.append(run_transfer(fleet, chunk_id, "node2", "disk"))
-                    ours_cpu.append(cpu(workers) - c0)
+                    with PROFILES.record(f"transfer-chunks-{i}", PIDS):
+                        c0 = cpu(workers)
+                        ours.append(run_transfer(fleet, chunk_id, "node2", "disk"))
+                        ours_cpu.append(cpu(workers) - c0)
                     copy = fleet.storage("node2") / "data" / chunk_id
                     assert copy.stat().st_size == size, copy
                     if i == 0:
                         assert sha256(copy) == want, "the node2 copy differs from the source"
-                else:
-                    out = fleet.storage("node2") / "curl-baseline.bin"
+                elif side == 1:
                     c0 = cpu(baseline)
                     curl.append(timed_curl(port, src.name, out))
                     curl_cpu.append(cpu(baseline) - c0)
-                    out.unlink()
+                elif nginx:
+                    via_nginx.append(timed_curl(nginx[1], src.name, out))
             delete_chunk(fleet, chunk_id)
     finally:
-        server.terminate()
-        server.wait()
-    rows = [row("chunk transfer node1:disk->node2:disk vs curl", size, ours, curl, 0.8)]
+        for proc in (server, nginx[0] if nginx else None):
+            if proc is not None:
+                proc.terminate()
+                proc.wait()
+    rows = [row("1 GiB chunk node1:disk -> node2:disk vs curl", size, ours, curl, 0.9)]
+    limit = [row("1 GiB chunk node1:disk -> node2:disk vs curl from nginx", size, ours, via_nginx, 0)] if nginx else []
     return {
         "bytes": size,
         "repeat": args.repeat,
         "results": rows,
+        "limits": limit,
         "node_side_s": CHUNK_NODE_TIMES,
         # CPU seconds while each side ran: the three workers (gswarm), http.server and curl (baseline)
         "gswarm_cpu_s": [round(x, 2) for x in ours_cpu],
@@ -425,6 +483,8 @@ def main() -> int:
     ap.add_argument("--streams", type=int, help="transfer.streams of the nodes (default: the setting's default)")
     ap.add_argument("--small-count", type=int, default=10_000)
     ap.add_argument("--small-threads", type=int, default=4, help="HTTP client threads (0: sequential only)")
+    ap.add_argument("--profile", help="directory for py-spy recordings of both node workers per transfer")
+    ap.add_argument("--profile-format", default="flamegraph", choices=("flamegraph", "raw", "speedscope"))
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gswarm-bench-transfer-"))
     src_root = tmp / "src"
@@ -439,6 +499,8 @@ def main() -> int:
         fleet.start_node("node1")
         if "models" in args.only or "chunks" in args.only:
             fleet.start_node("node2")
+            PROFILES.out_dir, PROFILES.fmt, PROFILES.rate = args.profile, args.profile_format, 250
+            PIDS.update(node1=fleet.procs["node1"].pid, node2=fleet.procs["node2"].pid)
         if "models" in args.only:
             summary["models"] = bench_models(fleet, src_root, args)
         if "chunks" in args.only:
@@ -450,7 +512,12 @@ def main() -> int:
             for r in summary.get(name, {}).get("results", []):
                 print(
                     f"{'PASS' if r['pass'] else 'MISS'} {r['case']}: ratio {r['ratio']} (goal >= {r['goal']}),"
-                    f" gswarm {r['gswarm_s']} s, baseline {r['baseline_s']} s"
+                    f" gswarm {r['gswarm_s']} s, baseline {r['baseline_s']} s (medians of {args.repeat})"
+                )
+            for r in summary.get(name, {}).get("limits", []):
+                print(
+                    f"INFO {r['case']} (sendfile, the physical limit): ratio {r['ratio']},"
+                    f" gswarm {r['gswarm_s']} s, nginx {r['baseline_s']} s"
                 )
         for r in summary.get("small", {}).get("results", []):
             print(
