@@ -59,8 +59,12 @@ lint: dev
 	$(BIN)/lint-imports --no-cache
 
 bench: dev services
+	@command -v wrk >/dev/null 2>&1 && test -x /usr/sbin/nginx || apt-get install -y -q wrk nginx-light \
+	  || (apt-get update -q && apt-get install -y -q wrk nginx-light) \
+	  || echo "wrk and nginx-light could not be installed: api_load fails and transfer skips its nginx rows" >&2
 	$(BIN)/python bench/heartbeat.py
 	$(BIN)/python bench/transfer.py
+	$(BIN)/python bench/api_load.py
 	$(BIN)/python bench/workflow.py
 	$(BIN)/python bench/chunks.py
 	$(BIN)/python bench/profiler.py

@@ -107,10 +107,12 @@ def control_plane_specs(settings: Settings, env: dict[str, str], host: str, port
                 "gunicorn",
                 "--bind",
                 f"{host}:{port}",
+                # 4 processes x 2 threads: as many requests at once as 2 x 4, with twice the processes to run
+                # them (the API's heavy answers are CPU-bound under one GIL per process; bench/api_load.py)
                 "--workers",
-                "2",
-                "--threads",
                 "4",
+                "--threads",
+                "2",
                 "--worker-class",
                 "gthread",
                 "--graceful-timeout",
