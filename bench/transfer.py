@@ -150,7 +150,12 @@ def nginx_server(directory: Path, probe: str, work: Path) -> tuple[subprocess.Po
     server = subprocess.Popen(
         [exe, "-p", str(work), "-c", str(work / "nginx.conf")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    wait_http(port, probe, "nginx")
+    try:
+        wait_http(port, probe, "nginx")
+    except BaseException:
+        server.terminate()
+        server.wait()
+        raise
     return server, port
 
 
@@ -160,6 +165,10 @@ def timed_curl(port: int, name: str, out: Path) -> float:
     elapsed = time.perf_counter() - t0
     out.unlink()
     return elapsed
+
+
+def mib_label(mib: int) -> str:
+    return f"{mib >> 10} GiB" if mib % 1024 == 0 else f"{mib} MiB"
 
 
 def rotations(repeat: int, sides: int) -> list[list[int]]:
@@ -202,7 +211,11 @@ def bench_models(fleet: Fleet, src_root: Path, args: argparse.Namespace) -> dict
         return time.perf_counter() - t0
 
     server, port = http_server(stored, "config.json")
-    nginx = nginx_server(stored, "config.json", fleet.tmp / "nginx-models")
+    try:
+        nginx = nginx_server(stored, "config.json", fleet.tmp / "nginx-models")
+    except BaseException:
+        server.terminate()
+        raise
     remote_nginx: list[float] = []
     try:
         # Alternate which side goes first, and flush dirty pages before every timed run, so that neither side
@@ -237,9 +250,10 @@ def bench_models(fleet: Fleet, src_root: Path, args: argparse.Namespace) -> dict
                 proc.wait()
     rows = [
         row("same-node disk->dram vs cp", size, local_g, local_cp, 0.9),
-        row("1 GiB model copy across nodes vs curl", size, remote_g, remote_curl, 0.9),
+        row(f"{mib_label(args.size_mib)} model copy across nodes vs curl", size, remote_g, remote_curl, 0.9),
     ]
-    limit = [row("1 GiB model copy across nodes vs curl from nginx", size, remote_g, remote_nginx, 0)] if nginx else []
+    case = f"{mib_label(args.size_mib)} model copy across nodes vs curl from nginx"
+    limit = [row(case, size, remote_g, remote_nginx, 0)] if nginx else []
     return {"bytes": size, "repeat": args.repeat, "results": rows, "limits": limit, "node_side_s": NODE_TIMES}
 
 
@@ -317,7 +331,11 @@ def bench_chunks(fleet: Fleet, src_root: Path, args: argparse.Namespace) -> dict
     size = src.stat().st_size
     want = sha256(src)
     server, port = http_server(src.parent, src.name)
-    nginx = nginx_server(src.parent, src.name, fleet.tmp / "nginx-chunks")
+    try:
+        nginx = nginx_server(src.parent, src.name, fleet.tmp / "nginx-chunks")
+    except BaseException:
+        server.terminate()
+        raise
     workers = [psutil.Process(fleet.procs[n].pid) for n in ("control", "node1", "node2")]
     baseline = [psutil.Process(server.pid)]
 
@@ -353,8 +371,9 @@ def bench_chunks(fleet: Fleet, src_root: Path, args: argparse.Namespace) -> dict
             if proc is not None:
                 proc.terminate()
                 proc.wait()
-    rows = [row("1 GiB chunk node1:disk -> node2:disk vs curl", size, ours, curl, 0.9)]
-    limit = [row("1 GiB chunk node1:disk -> node2:disk vs curl from nginx", size, ours, via_nginx, 0)] if nginx else []
+    rows = [row(f"{mib_label(args.chunk_mib)} chunk node1:disk -> node2:disk vs curl", size, ours, curl, 0.9)]
+    case = f"{mib_label(args.chunk_mib)} chunk node1:disk -> node2:disk vs curl from nginx"
+    limit = [row(case, size, ours, via_nginx, 0)] if nginx else []
     return {
         "bytes": size,
         "repeat": args.repeat,
