@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 from typing import Any
 
 import marshmallow as ma
@@ -14,8 +11,7 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from gswarm_tasks import names
-from gswarm_tasks.data_sources import parse_data_source
-from gswarm_tasks.devices import Device, parse_target
+from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import InvalidRequest, NetworkError, ResourceUnavailable
 from gswarm_tasks.storage import prefix as storage_prefix
 from gswarm_tasks.transfer.client import files_url
@@ -23,7 +19,6 @@ from gswarm_tasks.transfer.client import files_url
 from ..control import chunk_ops
 from ..control.chunk_state import get_chunk, holders, source_of, touch, usable_locations
 from ..control.dispatch import require_node
-from ..control.placement import choose
 from ..errors import ErrorSchema, error_response
 from ..extensions import db, settings
 from ..tables import ChunkLocation, DataChunk
@@ -120,10 +115,10 @@ class Chunks(MethodView):
     @blp.response(202, ChunkCreatedSchema)
     def post(self, args: dict[str, Any]) -> Any:
         """Create a chunk from base64 `data` or a `source`; equal content on the same device is stored once"""
-        dev, decision = _data_target(args["device"])
+        dev, decision = chunk_ops.data_target(args["device"])
         if ("data" in args) == ("source" in args):
             raise InvalidRequest("data: give either `data` (base64) or `source`", {"field": "data"})
-        kwargs, checksum = _create_kwargs(args)
+        kwargs, checksum = chunk_ops.create_kwargs(args)
         require_node(str(dev.node), "device")
         if checksum is not None:
             same = chunk_ops.stored_copy(checksum, dev)
@@ -138,36 +133,6 @@ class Chunks(MethodView):
             "checksum": checksum,
         }
         return chunk_ops.create(dev, kwargs, fields, decision), 202
-
-
-def _data_target(text: str, field: str = "device") -> tuple[Device, dict[str, Any] | None]:
-    target = parse_target(text, field)
-    if isinstance(target, Device):
-        return target.expect(field, files=True), None
-    if target.kind in ("gpu", "cpu"):
-        raise InvalidRequest(f"{field}: {target} is not a data tier (auto, auto:dram or auto:disk)", {"field": field})
-    decision = choose(None, "data", target)
-    return Device.parse(decision["chosen"]), decision
-
-
-def _create_kwargs(args: dict[str, Any], prefix: str = "") -> tuple[dict[str, Any], str | None]:
-    """What the node's create task gets: the bytes (checked base64, with their sha256) or a checked source."""
-    s = settings()
-    limit = s.data_max_inline
-    field = f"{prefix}data"
-    if "data" not in args:
-        parse_data_source(args["source"], s, f"{prefix}source")
-        return {"source_url": args["source"]}, None
-    if len(args["data"]) > limit * 4 // 3 + 4:
-        raise InvalidRequest(f"{field}: more than {limit} bytes; use `source`", {"field": field})
-    try:
-        raw = base64.b64decode(args["data"], validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidRequest(f"{field}: not valid base64", {"field": field}) from exc
-    if len(raw) > limit:
-        raise InvalidRequest(f"{field}: more than {limit} bytes; use `source`", {"field": field})
-    checksum = hashlib.sha256(raw).hexdigest()
-    return {"data_b64": args["data"], "checksum": checksum}, checksum
 
 
 class ChunkBatchSchema(ma.Schema):
@@ -223,12 +188,12 @@ class ChunkBatch(MethodView):
                     f"{prefix}data: give either `data` (base64) or `source`", {"field": f"{prefix}data"}
                 )
             if c["device"] not in targets:  # one decision per distinct target in a request
-                targets[c["device"]] = _data_target(c["device"], f"{prefix}device")
+                targets[c["device"]] = chunk_ops.data_target(c["device"], f"{prefix}device")
             dev, decision = targets[c["device"]]
             if str(dev.node) not in nodes:
                 require_node(str(dev.node), f"{prefix}device")
                 nodes.add(str(dev.node))
-            kwargs, checksum = _create_kwargs(c, prefix)
+            kwargs, checksum = chunk_ops.create_kwargs(c, prefix)
             fields = {
                 "chunk_type": c["type"],
                 "format": c.get("format"),

@@ -6,23 +6,59 @@ nodes report (`chunk_state`).
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import uuid
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
 from gswarm_tasks import names
-from gswarm_tasks.devices import Device
-from gswarm_tasks.errors import Conflict, NotFound, ResourceUnavailable
+from gswarm_tasks.data_sources import parse_data_source
+from gswarm_tasks.devices import Device, parse_target
+from gswarm_tasks.errors import Conflict, InvalidRequest, NotFound, ResourceUnavailable
 
 from ..extensions import db, redis_client, settings
 from ..tables import ChunkLocation, ChunkRef, DataChunk, TaskRecord
 from .chunk_state import delete_copy, expected_of, holders, source_of, usable_locations
 from .dispatch import ACTIVE, dispatch, record, require_node, send_recorded
+from .placement import choose
 
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+def data_target(text: str, field: str = "device") -> tuple[Device, dict[str, Any] | None]:
+    """The device a chunk goes to: as given, or chosen by placement for `auto` (with the decision)."""
+    target = parse_target(text, field)
+    if isinstance(target, Device):
+        return target.expect(field, files=True), None
+    if target.kind in ("gpu", "cpu"):
+        raise InvalidRequest(f"{field}: {target} is not a data tier (auto, auto:dram or auto:disk)", {"field": field})
+    decision = choose(None, "data", target)
+    return Device.parse(decision["chosen"]), decision
+
+
+def create_kwargs(args: dict[str, Any], prefix: str = "") -> tuple[dict[str, Any], str | None]:
+    """What the node's create task gets: the bytes (checked base64, with their sha256) or a checked source."""
+    s = settings()
+    limit = s.data_max_inline
+    field = f"{prefix}data"
+    if "data" not in args:
+        parse_data_source(args["source"], s, f"{prefix}source")
+        return {"source_url": args["source"]}, None
+    if len(args["data"]) > limit * 4 // 3 + 4:
+        raise InvalidRequest(f"{field}: more than {limit} bytes; use `source`", {"field": field})
+    try:
+        raw = base64.b64decode(args["data"], validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidRequest(f"{field}: not valid base64", {"field": field}) from exc
+    if len(raw) > limit:
+        raise InvalidRequest(f"{field}: more than {limit} bytes; use `source`", {"field": field})
+    checksum = hashlib.sha256(raw).hexdigest()
+    return {"data_b64": args["data"], "checksum": checksum}, checksum
 
 
 def stored_copy(checksum: str, device: Device) -> DataChunk | None:
