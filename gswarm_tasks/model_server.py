@@ -314,9 +314,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--task", default="auto", choices=["auto", EMBED, COMPLETE])
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--max-batch-size", type=int, default=64, help="most inputs/prompts per request")
+    p.add_argument("--threads", type=int, default=0, help="torch threads of a forward pass (0: torch's default)")
     args = p.parse_args(argv)
-    if args.max_batch_size < 1 or not 0 <= args.port <= 65535:
-        p.error("--max-batch-size must be >= 1 and --port in [0, 65535]")
+    if args.max_batch_size < 1 or not 0 <= args.port <= 65535 or args.threads < 0:
+        p.error("--max-batch-size must be >= 1, --port in [0, 65535] and --threads >= 0")
     return args
 
 
@@ -330,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # OpenMP's threads sleep between passes instead of spinning: several servers (and the node worker) share a
+    # host's cores, and spinning threads took ten times the CPU of the passes themselves (bench/gateway.py).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in (log.name, "werkzeug"):
         logging.getLogger(name).setLevel(logging.INFO)
@@ -348,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ModelNotFound(f"model directory {path} does not exist", {"model_path": str(path)})
         device = check_device(args.device)
         task = detect_task(path) if args.task == "auto" else args.task
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
         t0 = time.monotonic()
         backend = load_backend(path, task, device, args.trust_remote_code)
         log.info("loaded %s (%s) on %s in %.1f s", args.model_name, task, device, time.monotonic() - t0)

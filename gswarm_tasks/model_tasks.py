@@ -261,6 +261,7 @@ def op_serve(
                 config,
                 settings.serve_command,
                 trust_remote_code,
+                settings.serve_cpu_threads,
             )
             try:
                 entry = node.services.start(

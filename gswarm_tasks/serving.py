@@ -236,6 +236,7 @@ def server_argv(
     config: dict[str, Any],
     command_template: str | None,
     trust_remote_code: bool,
+    cpu_threads: int = 1,
 ) -> list[str]:
     """The command line of a model server: the built-in one, or a configured template."""
     if backend == "builtin":
@@ -258,6 +259,7 @@ def server_argv(
         ]
         if config.get("max_batch_size"):
             argv += ["--max-batch-size", str(int(config["max_batch_size"]))]
+        argv += ["--threads", str(int(config.get("threads", cpu_threads)))]
         if trust_remote_code:
             argv.append("--trust-remote-code")
         return argv

@@ -299,6 +299,13 @@ OPTIONS: tuple[Option, ...] = (
         "Seconds between health checks of running services (10)",
     ),
     Option(
+        "serve_cpu_threads",
+        "GSWARM_SERVE_CPU_THREADS",
+        "serving.cpu_threads",
+        int,
+        "Threads of one built-in model server's forward passes (1; 0: torch's default, every core)",
+    ),
+    Option(
         "serve_command",
         "GSWARM_SERVE_COMMAND",
         "serving.command",
@@ -420,6 +427,7 @@ class Settings:
     serve_port_start: int = 8080
     serve_ready_timeout_s: float = 300.0
     serve_check_interval_s: float = 10.0
+    serve_cpu_threads: int = 1
     serve_command: str | None = None
     data_allowed_hosts: tuple[str, ...] = ()
     data_max_inline: int = 16 * 1024 * 1024

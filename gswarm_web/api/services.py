@@ -140,6 +140,14 @@ def _send(svc: Service) -> None:
         raise
 
 
+def _check_config(config: dict[str, Any]) -> None:
+    """The built-in server's numbers, checked here rather than failing on the node."""
+    for key, low in (("threads", 0), ("max_batch_size", 1)):
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 4096):
+            raise InvalidRequest(f"config.{key}: an integer from {low} to 4096", {"field": f"config.{key}"})
+
+
 def _options(args: dict[str, Any]) -> dict[str, Any]:
     return {k: args.get(k) for k in ("config", "idle_timeout_s", "cold_start_timeout_s")}
 
@@ -197,6 +205,7 @@ class Services(MethodView):
         """Serve a model: on a named GPU or CPU, or `auto` with `replicas` placed where the weights are and there
         is room (the decision is in each instance's `placement`)"""
         model = get_model(args["model_name"])
+        _check_config(args["config"])
         target = parse_target(args["device"], "device")
         svc, rec = _auto(model, target, args) if isinstance(target, Auto) else _pinned(model, target, args)
         task_id = rec.id
