@@ -39,9 +39,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import up_web_argv  # noqa: E402
 from gswarm_tasks import names  # noqa: E402
 from gswarm_tasks.heartbeat import node_info  # noqa: E402
-from gswarm_web.cli.up import control_plane_specs, free_port  # noqa: E402
+from gswarm_web.cli.up import free_port  # noqa: E402
 from tests.integration.fleet import Fleet  # noqa: E402
 from tests.integration.procs import wait_for  # noqa: E402
 
@@ -56,8 +57,7 @@ STEPS = 1000
 
 def up_argv(fleet: Fleet, port: int) -> list[str]:
     """`gswarm up`'s web command, as `gswarm up` builds it."""
-    web = next(s for s in control_plane_specs(fleet.settings, fleet.env, "127.0.0.1", port) if s.name == "web")
-    return list(web.argv)
+    return up_web_argv(fleet.settings, fleet.env, port)
 
 
 def compose_argv(port: int) -> list[str]:

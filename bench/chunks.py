@@ -1,5 +1,5 @@
 """Small-chunk benchmark: 4 KiB chunks through the data pool's API, on a real fleet behind the web server `gswarm up`
-runs (gunicorn, 2 gthread workers x 4 threads), in one run.
+runs (gunicorn, with `gswarm up`'s command line), in one run.
 
 1. chunks/s *available* (verified on node1:dram and recorded) with 8 client threads posting `POST /data/batch`
    (100 chunks a request), and, for comparison, single `POST /data` from 8 threads;
@@ -34,7 +34,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Profiles  # noqa: E402
+from bench.common import Profiles, up_web_argv  # noqa: E402
 from tests.integration.fleet import Fleet  # noqa: E402
 from tests.integration.procs import Proc, wait_for  # noqa: E402
 
@@ -50,10 +50,9 @@ def free_port() -> int:
 
 
 def start_web(fleet: Fleet) -> tuple[Proc, str]:
-    """The API as `gswarm up` serves it: gunicorn, 2 gthread workers of 4 threads."""
+    """The API as `gswarm up` serves it (its gunicorn command line)."""
     port = free_port()
-    argv = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4"]
-    argv += ["--worker-class", "gthread", "--graceful-timeout", "10", "gswarm_web:create_app()"]
+    argv = up_web_argv(fleet.settings, fleet.env, port)
     proc = Proc("web", argv, fleet.env, fleet.tmp / "logs").start()
     fleet.procs["web"] = proc
     url = f"http://127.0.0.1:{port}"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psutil
 
@@ -65,3 +66,11 @@ class Profiles:
                 p.send_signal(signal.SIGINT)
             for p in spies:
                 p.wait(timeout=60)
+
+
+def up_web_argv(settings: Any, env: dict[str, str], port: int) -> list[str]:
+    """The API's command line exactly as `gswarm up` builds it (gunicorn, its worker model), on 127.0.0.1:`port`."""
+    from gswarm_web.cli.up import control_plane_specs
+
+    web = next(s for s in control_plane_specs(settings, env, "127.0.0.1", port) if s.name == "web")
+    return list(web.argv)

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ import redis
 import requests
 
 from gswarm_tasks import names
-from gswarm_web.cli.up import free_port
+from gswarm_web.cli.up import control_plane_specs, free_port
 from tests.integration.fleet import Fleet, running_fleet
 from tests.integration.procs import Proc, wait_for
 
@@ -77,10 +76,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     env = {"GSWARM_FAKE_GPUS": "2", "GSWARM_MODELS_ALLOWED_ROOTS": str(tiny.parent)}
     with running_fleet(tmp, redis_db=1, extra_env=env) as f:
         f.tiny_model = tiny  # type: ignore[attr-defined]
-        # the API as `gswarm up` serves it: gunicorn, 2 workers x 4 threads, in a process of its own
+        # the API as `gswarm up` serves it (its own gunicorn command line), in a process of its own
         port = free_port()
-        argv = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4"]
-        argv += ["--worker-class", "gthread", "gswarm_web:create_app()"]
+        web = next(s for s in control_plane_specs(f.settings, f.env, "127.0.0.1", port) if s.name == "web")
+        argv = list(web.argv)
         f.procs["web"] = Proc("web", argv, f.env, tmp / "logs").start()
         f.base_url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
         wait_for(lambda: requests.get(f"{f.base_url}/api/v1/health", timeout=2).ok, 30, "the API on gunicorn")
