@@ -11,7 +11,7 @@ fleet (two CPU nodes, MiniLM, the API under gunicorn as `gswarm up` runs it).
    `X-Gswarm-Attempts` > 1) against the heartbeat timeout (goal: under it), the time until the dead replica is
    marked lost, and the time until a replacement serves.
 4. Cold start: an idle service (weights staged in DRAM) woken by a request, against the same with the DRAM copy
-   deleted first (from disk).
+   deleted first and the disk copy evicted from the page cache (from disk).
 
 Usage: `.venv/bin/python bench/gateway.py [--seconds 10] [--clients 8] [--requests 300] [--repeat 3]`
 """
@@ -188,6 +188,7 @@ def cold_start(fleet: Fleet, gateway: str, from_disk: bool) -> dict[str, Any]:
         assert code == 202, task
         fleet.wait_task(task["task_id"], 60)
         wait_for(lambda: "node1:dram" not in fleet.get(f"/models/{name}")[1]["locations"], 60, "dram copy gone")
+        evicted = drop_page_cache(fleet.storage("node1") / "models" / name)
     t0 = time.perf_counter()
     r = requests.post(
         f"{gateway}/v1/embeddings",
@@ -200,7 +201,24 @@ def cold_start(fleet: Fleet, gateway: str, from_disk: bool) -> dict[str, Any]:
     back = service(fleet, svc["id"])
     newest = [i for i in back["instances"] if i["status"] == "running"][0]
     fleet.api("DELETE", f"/services/{svc['id']}")
-    return {"seconds": round(seconds, 2), "loaded_from": newest["placement"]["loaded_from"]}
+    out = {"seconds": round(seconds, 2), "loaded_from": newest["placement"]["loaded_from"]}
+    if from_disk:
+        out["page_cache_dropped_bytes"] = evicted
+    return out
+
+
+def drop_page_cache(directory: Path) -> int:
+    """Evict a directory's files from the page cache (written back first), so a load from disk reads the disk."""
+    total = 0
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            total += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    return total
 
 
 def main() -> int:
