@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 from celery import Task
@@ -49,19 +50,30 @@ def create(
 
 
 @app.task(name=names.DATA_CREATE_BATCH, base=NodeTask, bind=True)
-def create_batch(self: Task, op_id: str, tier: str, chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """Store many small chunks whose bytes came in the message (`chunk_id`, `data_b64`, `checksum` each), one
-    operation: one report when all are in place, or a failure that leaves none recorded."""
+def create_batch(
+    self: Task, op_id: str, tier: str, chunks: list[dict[str, Any]] | None = None, chunks_key: str | None = None
+) -> dict[str, Any]:
+    """Store many small chunks (`chunk_id`, `data_b64`, `checksum` each) that came in the message, or wait in
+    Redis under `chunks_key` when together they were too large for it; one operation: one report when all are
+    in place, or a failure that leaves none recorded."""
     node = require_node()
     settings = settings_of(self.app)
 
     def body(rep: Reporter) -> dict[str, Any]:
         rep.phase = "creating"
+        given = chunks
+        if chunks_key is not None:
+            staged = rep.client.get(chunks_key)
+            if staged is None:
+                raise InvalidRequest(f"the batch's bytes are no longer in Redis ({chunks_key})", {"key": chunks_key})
+            given = json.loads(staged)
         stored = []
-        for c in chunks:
+        for c in given or []:
             data = base64.b64decode(c["data_b64"], validate=True)
             stored.append(store_chunk(node, settings, c["chunk_id"], tier, data, None, c.get("checksum")))
             rep.progress(len(data))
+        if chunks_key is not None:
+            rep.client.delete(chunks_key)  # stored: a redelivery finds the op done and needs them no more
         return {"chunks": stored, "count": len(stored)}
 
     return run_op(self, op_id, body)

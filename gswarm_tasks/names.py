@@ -108,6 +108,12 @@ def cancel_task_key(task_id: str) -> str:
     return f"gswarm:cancel:task:{task_id}"
 
 
+def chunk_batch_key(first_chunk_id: str) -> str:
+    """The chunks of one batch create (ids, base64 bytes, checksums, as JSON) while its node has not stored them
+    (when together they are above data.inline_max_bytes); named by the batch's first chunk."""
+    return f"gswarm:chunk-batch:{first_chunk_id}"
+
+
 def chunk_bytes_key(chunk_id: str) -> str:
     """A created chunk's base64 bytes while its node has not stored them (those above data.inline_max_bytes)."""
     return f"gswarm:chunk-bytes:{chunk_id}"

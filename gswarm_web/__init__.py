@@ -28,6 +28,10 @@ def flask_config(settings: Settings) -> dict[str, Any]:
     engine_options: dict[str, Any] = {"pool_pre_ping": True}
     if not url.startswith("sqlite"):
         engine_options.update(pool_size=5, max_overflow=10, pool_recycle=1800)
+        # psycopg prepares a statement after a few runs, and Postgres may then keep one generic plan for it,
+        # chosen while the tables were small: `checksum IN (...)` kept scanning the whole chunk table and grew
+        # from 15 to 450 ms at 30,000 chunks (bench/chunks.py). Plans for the values at hand, always.
+        engine_options["connect_args"] = {"options": "-c plan_cache_mode=force_custom_plan"}
     return {
         "GSWARM_SETTINGS": settings,
         "GSWARM_ADMIN_TOKEN": settings.admin_token,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import uuid
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -120,6 +121,17 @@ def _staged(chunk_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in kwargs.items() if k != "data_b64"}, "data_key": key}
 
 
+def _staged_batch(chunks: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """A batch create's arguments: its chunks in the message while together they stay within
+    data.inline_max_bytes, else waiting in Redis under one key. A batch's bytes in the outbox row cost Postgres
+    about 24 ms an insert at 100 x 4 KiB (bench/chunks.py)."""
+    if sum(inline_size(c["data_b64"]) for c in chunks) <= limit:
+        return {"chunks": chunks}
+    key = names.chunk_batch_key(chunks[0]["chunk_id"])
+    redis_client().set(key, json.dumps(chunks), ex=names.KEEP_S)
+    return {"chunks_key": key}
+
+
 class NewChunk:
     """One chunk of a batch to create: where, the node task's arguments, the row's fields."""
 
@@ -179,7 +191,7 @@ def create_many(items: list[NewChunk]) -> list[dict[str, Any]]:
             "data_create",
             str(dev.node),
             names.DATA_CREATE_BATCH,
-            {"tier": dev.tier, "chunks": chunks},
+            {"tier": dev.tier, **_staged_batch(chunks, limit)},
             target=device,
             extra_params={
                 "chunk_ids": [c["chunk_id"] for c in chunks],
@@ -194,20 +206,28 @@ def create_many(items: list[NewChunk]) -> list[dict[str, Any]]:
 
 
 def _stored_copies(items: list[NewChunk]) -> dict[tuple[str, str], dict[str, Any]]:
-    """(checksum, device) -> the chunk already available there, for every item in one query."""
+    """(checksum, device) -> the chunk already available there, for every item: the chunks with those checksums
+    (by their index), then their available copies on those devices (by primary key). Two lookups, not one join:
+    as a prepared statement the join got a generic plan that scanned every location, and took 15 ms on a fresh
+    pool and 450 ms at 30,000 chunks (bench/chunks.py)."""
     checksums = {i.fields["checksum"] for i in items if i.fields.get("checksum")}
     if not checksums:
         return {}
+    by_id = dict(
+        db.session.execute(db.select(DataChunk.id, DataChunk.checksum).where(DataChunk.checksum.in_(checksums)))
+        .tuples()
+        .all()
+    )
+    if not by_id:
+        return {}
     rows = db.session.execute(
-        db.select(DataChunk.id, DataChunk.checksum, ChunkLocation.device)
-        .join(ChunkLocation)
-        .where(
-            DataChunk.checksum.in_(checksums),
+        db.select(ChunkLocation.chunk_id, ChunkLocation.device).where(
+            ChunkLocation.chunk_id.in_(by_id),
             ChunkLocation.device.in_({str(i.device) for i in items}),
             ChunkLocation.status == "available",
         )
-    ).all()
-    return {(str(c), str(d)): {"chunk_id": i, "status": "available", "device": str(d)} for i, c, d in rows}
+    ).tuples()
+    return {(str(by_id[i]), str(d)): {"chunk_id": i, "status": "available", "device": str(d)} for i, d in rows}
 
 
 def _under_way(chunk: DataChunk, target: Device) -> TaskRecord | None:

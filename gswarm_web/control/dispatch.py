@@ -152,9 +152,13 @@ def send_recorded() -> list[TaskRecord]:
                 o.rec.state, o.rec.finished_at = "failed", now()
                 o.rec.error = NetworkError(f"broker refused the task: {exc}"[:500]).to_dict()
     if sent:
+        # A row the intake holds is taking a report of its node, which proves delivery and marks it so itself
+        # (task_state.apply): skip it rather than wait for the intake's commit (29 ms on average under 8 clients
+        # posting chunk batches, bench/chunks.py).
+        mine = db.select(TaskRecord.id).where(TaskRecord.id.in_(sent)).with_for_update(skip_locked=True)
         db.session.execute(
             db.update(TaskRecord)
-            .where(TaskRecord.id.in_(sent))
+            .where(TaskRecord.id.in_(mine.scalar_subquery()))
             .values(dispatched=True)
             .execution_options(synchronize_session=False)
         )

@@ -54,6 +54,7 @@ def record_failure(rec: TaskRecord) -> None:
 
 def apply(rec: TaskRecord, event: str, data: dict[str, Any]) -> None:
     """One report about one operation. Reports may come twice; none moves a terminal status."""
+    rec.dispatched = True  # its node has it: the outbox never sends it again
     # Only a success may follow an end: a task whose process died is reported failed by its worker's hook and may
     # succeed when redelivered, and an operation cancelled too late made its copy, which exists, so it counts.
     if rec.state in TERMINAL and (event != "succeeded" or rec.state == "succeeded"):

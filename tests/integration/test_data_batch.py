@@ -214,3 +214,25 @@ def test_many_single_posts_are_recorded_by_the_intake_in_batches(fleet: Fleet) -
         c = available(fleet, cid)
         assert c["metadata"]["checksum"] == hashlib.sha256(raw).hexdigest()
         assert (fleet.storage("node1") / "data" / cid).read_bytes() == raw
+
+
+def test_a_batch_above_the_inline_size_waits_in_redis_under_one_key(fleet: Fleet) -> None:
+    raws = [os.urandom(400) for _ in range(8)]  # 3,200 bytes together, above data.inline_max_bytes (1,024)
+    code, resp = fleet.post("/data/batch", {"chunks": [item(r) for r in raws]})
+    assert code == 202, resp
+    out = resp["chunks"]
+    assert len({o["task_id"] for o in out}) == 1  # still one operation
+    kwargs = message_of(out[0]["task_id"])["kwargs"]
+    key = names.chunk_batch_key(out[0]["chunk_id"])
+    assert "chunks" not in kwargs and kwargs["chunks_key"] == key  # neither the message nor the row holds bytes
+    for o, raw in zip(out, raws, strict=True):
+        c = available(fleet, o["chunk_id"])
+        assert c["size"] == len(raw) and c["metadata"]["checksum"] == hashlib.sha256(raw).hexdigest()
+        assert (fleet.dram("node1") / "data" / o["chunk_id"]).read_bytes() == raw
+    assert redis.Redis.from_url(fleet.redis_url).exists(key) == 0  # stored: the staged batch is gone
+    # within the size, a batch still travels in its message
+    code, small = fleet.post("/data/batch", {"chunks": [item(os.urandom(100)), item(os.urandom(100))]})
+    assert code == 202, small
+    assert [c["chunk_id"] for c in message_of(small["chunks"][0]["task_id"])["kwargs"]["chunks"]] == [
+        c["chunk_id"] for c in small["chunks"]
+    ]
