@@ -236,7 +236,7 @@ def server_argv(
     config: dict[str, Any],
     command_template: str | None,
     trust_remote_code: bool,
-    cpu_threads: int = 1,
+    cpu_threads: int,
 ) -> list[str]:
     """The command line of a model server: the built-in one, or a configured template."""
     if backend == "builtin":
