@@ -32,10 +32,13 @@ serve: $(VENV)/.serve
 
 install: $(STAMP)
 
-# The dashboard's tests drive Debian's Chromium (Playwright cannot fetch its own browser everywhere).
+# The dashboard's tests drive Debian's Chromium (Playwright cannot fetch its own browser everywhere); the slow-clients
+# test runs Debian's nginx with config/nginx.conf.
 dev: $(VENV)/.dev
 	@command -v chromium >/dev/null 2>&1 || apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium) \
 	  || echo "chromium could not be installed: the dashboard tests will fail until it is (apt-get install chromium)" >&2
+	@test -x /usr/sbin/nginx || apt-get install -y -q nginx-light || (apt-get update -q && apt-get install -y -q nginx-light) \
+	  || echo "nginx-light could not be installed: the slow-clients test of config/nginx.conf fails until it is" >&2
 
 up: $(VENV)/.serve
 	$(BIN)/gswarm up
@@ -43,8 +46,13 @@ up: $(VENV)/.serve
 services:
 	@scripts/services.sh
 
+# The suite in two parts: most modules in parallel (a module per worker, each worker with a Redis of its own:
+# tests/integration/worker_redis.py), then the `serial` ones alone (fixed ports, a whole `gswarm up`, a browser,
+# timings). PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 3
 test: dev services
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile -m "not serial")
+	$(if $(filter 0,$(PYTEST_WORKERS)),,$(BIN)/python -m pytest -q -ra -m serial)
 
 test-unit: dev
 	$(BIN)/python -m pytest -q tests/unit

@@ -8,12 +8,15 @@ line: `gswarm up`'s (taken from `gswarm_web.cli.up`), docker-compose.yml's `web`
 
 - `GET /api/v1/nodes` (the default page of 20),
 - `GET /api/v1/nodes?per_page=200` (the whole fleet),
-- `GET /api/v1/workflows/{id}` (the workflow with its 1,000 steps).
+- `GET /api/v1/workflows/{id}` (the workflow with its 1,000 steps),
+
+and the latency of `GET /api/v1/health` while `--idle` sockets (64) sit open doing nothing, half of them having
+sent a request whose headers never end (a slow client holds whatever the server gives a connection).
 
 Every request carries the admin bearer token; any non-2xx answer or socket error fails the run.
 
-    python bench/api_load.py [--setups up,compose,gthread-2x4,sync-4] [--connections 16] [--duration 5]
-                             [--repeat 3]
+    python bench/api_load.py [--setups up,compose,gthread-4x2,gevent-2,sync-4] [--connections 16] [--duration 5]
+                             [--repeat 3] [--idle 64]
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +98,7 @@ def setup_argv(name: str, fleet: Fleet, port: int) -> list[str]:
     kind, procs, threads = m.group(1), m.group(2), m.group(3) or "1"
     opts = {"worker_class": kind, "workers": procs, "threads": threads}
     if kind == "gevent":
-        opts["worker_connections"] = "100"
+        opts["worker_connections"] = "1000"
     return with_options(up_argv(fleet, port), **opts)
 
 
@@ -174,6 +179,30 @@ def wrk(url: str, token: str, connections: int, duration: int) -> dict[str, Any]
     return res
 
 
+def idle_health(base: str, port: int, idle: int, requests_n: int = 5, timeout_s: float = 5.0) -> dict[str, Any]:
+    """Seconds GET /api/v1/health takes while `idle` sockets are open (half with a request that never ends);
+    a request that gets no answer within `timeout_s` counts as `timeout_s`."""
+    socks = []
+    for i in range(idle):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if i % 2:
+            s.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        socks.append(s)
+    took = []
+    try:
+        for _ in range(requests_n):
+            t0 = time.perf_counter()
+            try:
+                requests.get(f"{base}/api/v1/health", timeout=timeout_s)
+                took.append(time.perf_counter() - t0)
+            except requests.RequestException:
+                took.append(timeout_s)
+    finally:
+        for s in socks:
+            s.close()
+    return {"p50_s": round(statistics.median(took), 3), "max_s": round(max(took), 3)}
+
+
 # ---- the fleet ------------------------------------------------------------------------------------------------
 
 
@@ -226,10 +255,11 @@ def record_workflow(fleet: Fleet) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--setups", default="up,compose,gthread-2x4,sync-4", help="comma-separated")
+    ap.add_argument("--setups", default="up,compose,gthread-4x2,gevent-2,sync-4", help="comma-separated")
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--duration", type=int, default=5, help="seconds of each wrk run (after a 1 s warm-up)")
     ap.add_argument("--repeat", type=int, default=3, help="rounds over every setup (medians and spread printed)")
+    ap.add_argument("--idle", type=int, default=64, help="idle sockets open while /health is timed (0: skip)")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
@@ -238,6 +268,7 @@ def main() -> int:
     fleet = Fleet(tmp, redis_db=REDIS_DB, extra_env={"GSWARM_LOG_LEVEL": "WARNING"})
     beats: Heartbeats | None = None
     results: dict[str, dict[str, list[dict[str, Any]]]] = {s: {} for s in setups}
+    idle_label = f"GET /health, {args.idle} idle sockets"
     try:
         fleet.start("control", "control", app_module="gswarm_web.celery_app")
         fleet.start_node("node1")
@@ -260,6 +291,8 @@ def main() -> int:
                         results[name].setdefault(label, []).append(
                             wrk(base + path, fleet.token, args.connections, args.duration)
                         )
+                    if args.idle:
+                        results[name].setdefault(idle_label, []).append(idle_health(base, port, args.idle))
                 finally:
                     server.stop()
     finally:
@@ -279,6 +312,11 @@ def main() -> int:
                 f"INFO {label:34s} {name:12s} {statistics.median(rps):8.1f} req/s [{min(rps):.0f}-{max(rps):.0f}]"
                 f"  p99 {statistics.median(p99):7.1f} ms [{min(p99):.1f}-{max(p99):.1f}]"
             )
+    for name in setups if args.idle else []:
+        runs = results[name][idle_label]
+        p50 = statistics.median(r["p50_s"] for r in runs)
+        worst = max(r["max_s"] for r in runs)
+        print(f"INFO {idle_label:34s} {name:12s} p50 {p50:6.3f} s  max {worst:6.3f} s")
     return 0
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -24,6 +26,38 @@ def cpu_seconds(proc: psutil.Process) -> float:
         except psutil.NoSuchProcess:
             pass
     return total
+
+
+@dataclass
+class Row:
+    """One figure of a benchmark: every run's value, its unit and goal; printed as one line with the median, the
+    spread (min-max) and the load average at the time (`make bench` shows one such line per figure)."""
+
+    name: str
+    values: list[float]
+    unit: str
+    goal: str  # as printed, e.g. "< 25"; "info" for a figure without a goal
+    check: Callable[[float], bool] | None  # the goal, applied to the median
+
+    def median(self) -> float:
+        return float(statistics.median(self.values))
+
+    def ok(self) -> bool:
+        return self.check is None or self.check(self.median())
+
+    def line(self) -> str:
+        verdict = "INFO" if self.check is None else ("PASS" if self.ok() else "MISS")
+        lo, hi = min(self.values), max(self.values)
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        goal = "" if self.check is None else f" (goal {self.goal} {self.unit})"
+        return (
+            f"{verdict} {self.name}: median {_num(self.median())} {self.unit} [{_num(lo)}-{_num(hi)}]"
+            f" over {len(self.values)} runs{goal}; load {load}"
+        )
+
+
+def _num(x: float) -> str:
+    return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
 
 
 class Profiles:

@@ -30,12 +30,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import redis
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import up_web_argv  # noqa: E402
+from gswarm_tasks.engines import key_headers  # noqa: E402
+from gswarm_tasks.service_key import key_for  # noqa: E402
 from tests.integration.fleet import Fleet  # noqa: E402
 from tests.integration.procs import Proc, wait_for  # noqa: E402
 
@@ -76,7 +79,7 @@ def running(fleet: Fleet, sid: str, n: int, timeout: float = 300) -> dict[str, A
     return wait_for(ready, timeout, f"{n} running replica(s)")
 
 
-def latency(gateway: str, urls: list[str], token: str, n: int) -> dict[str, Any]:
+def latency(gateway: str, urls: list[str], token: str, n: int, keys: dict[str, dict[str, str]]) -> dict[str, Any]:
     """Blocks of 20 requests through the gateway (which takes the replicas in turn) alternating with blocks of 20
     straight to the replicas in turn, so both paths find each replica as recently used (a replica called again at
     once answers about 1.5 ms faster than one that waited: pairing each gateway request with a direct one to the
@@ -90,7 +93,7 @@ def latency(gateway: str, urls: list[str], token: str, n: int) -> dict[str, Any]
             for i in range(block):
                 url = gateway if name == "gateway" else urls[i % len(urls)]
                 t0 = time.perf_counter()
-                r = session.post(f"{url}/v1/embeddings", json=BODY, timeout=30)
+                r = session.post(f"{url}/v1/embeddings", json=BODY, headers=keys.get(url), timeout=30)
                 dt = time.perf_counter() - t0
                 assert r.status_code == 200, r.text
                 if b > 0:  # the first blocks warm up
@@ -102,7 +105,9 @@ def latency(gateway: str, urls: list[str], token: str, n: int) -> dict[str, Any]
     return out
 
 
-def throughput(urls: list[str], token: str | None, clients: int, seconds: float) -> float:
+def throughput(
+    urls: list[str], token: str | None, clients: int, seconds: float, keys: dict[str, dict[str, str]] | None = None
+) -> float:
     done = [0] * clients
     failed: list[int] = []
     stop = time.monotonic() + seconds
@@ -112,6 +117,7 @@ def throughput(urls: list[str], token: str | None, clients: int, seconds: float)
         if token:
             s.headers["Authorization"] = f"Bearer {token}"
         url = urls[i % len(urls)]
+        s.headers.update((keys or {}).get(url, {}))  # a replica answers only with its service key
         while time.monotonic() < stop:
             r = s.post(f"{url}/v1/embeddings", json=BODY, timeout=30)
             if r.status_code == 200:
@@ -251,10 +257,12 @@ def main() -> int:
         assert code == 202, svc
         svc = running(fleet, svc["id"], 2)
         urls = [i["url"] for i in svc["instances"] if i["status"] == "running"]
+        client = redis.Redis.from_url(fleet.redis_url)
+        keys = {u: key_headers(key_for(client, u)) for u in urls}  # what the gateway sends each replica
         rounds = []
         for _ in range(args.repeat):  # latency and throughput again on the same fleet: their spread
-            lat = latency(gateway, urls, fleet.token, args.requests)
-            direct = throughput(urls, None, args.clients, args.seconds)
+            lat = latency(gateway, urls, fleet.token, args.requests, keys)
+            direct = throughput(urls, None, args.clients, args.seconds, keys)
             through = throughput([gateway], fleet.token, args.clients, args.seconds)
             rounds.append((lat, direct, through))
         lat = sorted((r[0] for r in rounds), key=lambda r: r["added_p50_ms"])[len(rounds) // 2]  # the medians

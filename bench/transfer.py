@@ -12,12 +12,16 @@ chunks (the data pool):
    copy on node2:disk (verified and recorded). Every repeat transfers a fresh chunk created from the same file.
 Prints medians and the ratio baseline_time / gswarm_time (>= 1 means gswarm is as fast); the goals are issue 13's.
 The sides of each repeat run in rotated order, each after `sync` (see `rotations`).
+compression (the node-to-node stream):
+5. the cross-node copy of a compressible (half its bytes zero, as sparse or low-precision weights) and of an
+   incompressible (random) model, `compression: none` vs `zstd`: time from the POST to the recorded copy and
+   the bytes that crossed the wire (`wire_bytes` of the task's result), medians of --repeat.
 small (the data pool):
 4. 10,000 distinct 4 KiB chunks created with base64 `POST /data` on node1:dram, sequentially through the
    Flask test client and then from a thread pool of HTTP clients; chunks/s for the submission and for the
    whole run until every chunk is `available`.
 
-    python bench/transfer.py [--only models,chunks,small] [--size-mib 1024] [--chunk-mib 1024] [--repeat 6]
+    python bench/transfer.py [--only models,chunks,small,compression] [--size-mib 1024] [--chunk-mib 1024] [--repeat 6]
                              [--streams N] [--small-count 10000] [--small-threads 4]
                              [--profile DIR [--profile-format raw]]
 
@@ -54,7 +58,7 @@ from bench.common import Profiles, cpu_seconds  # noqa: E402
 from tests.integration.fleet import Fleet, sha256  # noqa: E402
 from tests.integration.procs import wait_for  # noqa: E402
 
-BENCHES = ("models", "chunks", "small")
+BENCHES = ("models", "chunks", "small", "compression")
 
 
 def make_model(root: Path, size_mib: int) -> Path:
@@ -387,6 +391,74 @@ def bench_chunks(fleet: Fleet, src_root: Path, args: argparse.Namespace) -> dict
     }
 
 
+# ---- compression --------------------------------------------------------------------------------------------
+
+
+def make_weights(root: Path, name: str, size_mib: int, compressible: bool) -> Path:
+    """A model of `size_mib` MiB of fresh random bytes; `compressible`: every other byte zero."""
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"model_type": "bench", "hidden_size": 1024}))
+    with open(d / "model.safetensors", "wb") as f:
+        for _ in range(size_mib):
+            block = bytearray(1 << 20)
+            if compressible:
+                block[0::2] = os.urandom(1 << 19)
+            else:
+                block[:] = os.urandom(1 << 20)
+            f.write(block)
+    return d
+
+
+def timed_copy(fleet: Fleet, model: str, compression: str) -> tuple[float, int]:
+    """(seconds from the POST until the copy is recorded, bytes on the wire) of one node1 -> node2 copy."""
+    t0 = time.perf_counter()
+    body = {"source_device": "node1:disk", "target_device": "node2:disk", "compression": compression}
+    code, task = fleet.post(f"/models/{model}/copy", body)
+    assert code == 202, task
+    done = wait_for(
+        lambda: (t := fleet.get(f"/queue/tasks/{task['task_id']}")[1])["status"] in ("succeeded", "failed") and t,
+        600, "the copy", interval=0.02,
+    )  # fmt: skip
+    elapsed = time.perf_counter() - t0
+    if done["status"] != "succeeded":
+        raise SystemExit(f"copy failed: {done['error']}")
+    code, drop_task = fleet.api("DELETE", f"/models/{model}/locations/node2:disk")
+    assert code == 202, drop_task
+    wait_for(lambda: fleet.get(f"/queue/tasks/{drop_task['task_id']}")[1]["status"] == "succeeded", 60, "delete")
+    return elapsed, int(done["result"]["wire_bytes"])
+
+
+def bench_compression(fleet: Fleet, src_root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    rows = []
+    for name, compressible in (("compressible", True), ("incompressible", False)):
+        src = make_weights(src_root, f"zbench-{name}", args.size_mib, compressible)
+        fleet.register_and_download(f"zbench-{name}", f"file://{src}")
+        size = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+        times: dict[str, list[float]] = {"none": [], "zstd": []}
+        wire: dict[str, int] = {}
+        for order in rotations(args.repeat, 2):
+            for side in order:
+                mode = ("none", "zstd")[side]
+                os.sync()
+                elapsed, wire[mode] = timed_copy(fleet, f"zbench-{name}", mode)
+                times[mode].append(elapsed)
+        none_s, zstd_s = statistics.median(times["none"]), statistics.median(times["zstd"])
+        rows.append({
+            "case": f"{mib_label(args.size_mib)} {name} model, node1:disk -> node2:disk",
+            "bytes": size,
+            "none_s": round(none_s, 3),
+            "zstd_s": round(zstd_s, 3),
+            "none_wire_bytes": wire["none"],
+            "zstd_wire_bytes": wire["zstd"],
+            "wire_ratio": round(wire["zstd"] / wire["none"], 3),
+            "time_ratio": round(zstd_s / none_s, 2),
+            "none_samples_s": [round(x, 3) for x in times["none"]],
+            "zstd_samples_s": [round(x, 3) for x in times["zstd"]],
+        })  # fmt: skip
+    return {"repeat": args.repeat, "results": rows}
+
+
 # ---- small chunks -------------------------------------------------------------------------------------------
 
 
@@ -495,7 +567,9 @@ def selection(text: str) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", type=selection, default=list(BENCHES), help="models, chunks, small (comma-separated)")
+    ap.add_argument(
+        "--only", type=selection, default=list(BENCHES), help="models, chunks, small, compression (comma-separated)"
+    )
     ap.add_argument("--size-mib", type=int, default=1024, help="model size")
     ap.add_argument("--chunk-mib", type=int, default=1024, help="chunk size for the chunk transfer")
     ap.add_argument("--repeat", type=int, default=6)
@@ -516,7 +590,7 @@ def main() -> int:
     try:
         fleet.start("control", "control", app_module="gswarm_web.celery_app")
         fleet.start_node("node1")
-        if "models" in args.only or "chunks" in args.only:
+        if "models" in args.only or "chunks" in args.only or "compression" in args.only:
             fleet.start_node("node2")
             PROFILES.out_dir, PROFILES.fmt, PROFILES.rate = args.profile, args.profile_format, 250
             PIDS.update(node1=fleet.procs["node1"].pid, node2=fleet.procs["node2"].pid)
@@ -526,6 +600,8 @@ def main() -> int:
             summary["chunks"] = bench_chunks(fleet, src_root, args)
         if "small" in args.only:
             summary["small"] = bench_small(fleet, args)
+        if "compression" in args.only:
+            summary["compression"] = bench_compression(fleet, src_root, args)
         print(json.dumps(summary, indent=2))
         for name in ("models", "chunks"):
             for r in summary.get(name, {}).get("results", []):
@@ -538,6 +614,11 @@ def main() -> int:
                     f"INFO {r['case']} (sendfile, the physical limit): ratio {r['ratio']},"
                     f" gswarm {r['gswarm_s']} s, nginx {r['baseline_s']} s"
                 )
+        for r in summary.get("compression", {}).get("results", []):
+            print(
+                f"INFO {r['case']}: zstd {r['zstd_s']} s and {r['zstd_wire_bytes']} bytes on the wire, none"
+                f" {r['none_s']} s and {r['none_wire_bytes']} bytes (wire x{r['wire_ratio']}, time x{r['time_ratio']})"
+            )
         for r in summary.get("small", {}).get("results", []):
             print(
                 f"INFO {r['count']} x 4 KiB chunks, {r['case']}: submit {r['submit_chunks_per_s']} chunks/s"

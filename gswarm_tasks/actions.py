@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import redis
-import requests
 from celery import Task
 
 from . import names
@@ -22,9 +21,13 @@ from .chunks import copy_chunk, read_chunk, store_chunk
 from .compute import merge_chunks, run_inference
 from .context import require_node
 from .devices import Device
-from .errors import Cancelled, InvalidRequest, NetworkError, NotFound, TaskFailed
-from .model_tasks import op_copy, op_delete, op_download, op_move, op_serve, op_stop
+from .engines import key_headers
+from .errors import Cancelled, InvalidRequest, NotFound, TaskFailed
+from .model_tasks import op_copy, op_delete, op_download, op_move
 from .reporting import Reporter
+from .service_key import key_for
+from .service_tasks import op_serve, op_stop
+from .urls import Allow, fetch, parse_url, service_ref
 
 REF_RE = re.compile(r"\$\{([^}]*)\}")
 DATA_ACTIONS = ("data_create", "data_move", "data_transfer", "inference", "data_merge")
@@ -81,16 +84,27 @@ def _noop(self: Task, spec: dict[str, Any], p: dict[str, Any], client: redis.Red
     return dict(p.get("outputs") or {})
 
 
-def _health_check(p: dict[str, Any]) -> dict[str, Any]:
-    url = str(p["target_url"])
-    try:
-        r = requests.get(url, timeout=float(p.get("timeout", 10)))
-    except requests.RequestException as exc:
-        raise NetworkError(f"health check of {url} failed: {type(exc).__name__}", {"url": url}) from exc
+def workflow_allow(self: Task, spec: dict[str, Any], key: str, outputs: dict[str, Any] | None) -> Allow:
+    """Where a health check or an inference may go: a replica the control plane named at submission
+    (`allowed_origins`), the service a serve step of this workflow started (`${serve.service_url}`), or a host in
+    the node's own workflows.allowed_hosts."""
+    origins = list(spec.get("allowed_origins") or [])
+    ref = service_ref((spec.get("params") or {}).get(key))
+    started = (outputs or {}).get(ref[0]) if ref else None
+    if started and started.get("service_url"):
+        origins.append(parse_url(started["service_url"], key).origin)
+    return Allow.of(settings_of(self.app).workflows_allowed_hosts, "workflows.allowed_hosts", origins)
+
+
+def _health_check(self: Task, spec: dict[str, Any], p: dict[str, Any], outputs: dict[str, Any] | None) -> dict:
+    url = parse_url(p["target_url"], "target_url")
+    allow = workflow_allow(self, spec, "target_url", outputs)
+    with fetch(url, allow, "target_url", timeout=(float(p.get("timeout", 10)),) * 2) as r:
+        status = r.status
     want = int(p.get("expected_status", 200))
-    if r.status_code != want:
-        raise TaskFailed(f"health check of {url} answered {r.status_code}, expected {want}", {"url": url})
-    return {"status_code": r.status_code, "url": url, "output": url}
+    if status != want:
+        raise TaskFailed(f"health check of {url} answered {status}, expected {want}", {"url": str(url)})
+    return {"status_code": status, "url": str(url), "output": str(url)}
 
 
 def _chunk_locations(chunk_id: str, spec: dict[str, Any], outputs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -141,8 +155,12 @@ def run_data_action(
         cid = str(p.get("input_data") or p.get("input_data_id") or p.get("input"))
         loc = _best(cid, spec, outputs, node.name)
         data = read_chunk(node, settings, client, cid, loc, MAX_READ)
-        url = str(p.get("service_url") or p.get("service"))
-        answer = run_inference(url, str(p.get("endpoint") or "/v1/embeddings"), p.get("model_name"), data, cid)
+        field = "service_url" if p.get("service_url") else "service"
+        url = str(p.get(field))
+        allow = workflow_allow(self, spec, field, outputs)
+        key = key_headers(key_for(client, url))  # a replica answers only with its service key
+        endpoint = str(p.get("endpoint") or "/v1/embeddings")
+        answer = run_inference(url, endpoint, p.get("model_name"), data, cid, key, allow=allow, field=field)
         out = store_chunk(node, settings, spec["chunk_id"], _tier(p["output_device"]), answer)
         out["format"] = "json"
         extra["inputs"] = [cid]
@@ -172,7 +190,7 @@ def run_action(
     if atype == "noop":
         return _noop(self, spec, p, client)
     if atype == "health_check":
-        return _health_check(p)
+        return _health_check(self, spec, p, outputs)
     if atype in DATA_ACTIONS:
         if outputs is None:
             outputs = recorded_outputs(client, spec["workflow_id"])
@@ -184,7 +202,10 @@ def run_action(
     if atype == "download":
         op = op_download(node, settings, spec["task_id"], model, p["source_url"], _tier(p["target_device"]))
     elif atype == "copy" or (atype == "move" and spec.get("source")):
-        op = op_copy(node, settings, model, None, _tier(p["target_device"]), spec["source"], p.get("bandwidth_limit"))
+        op = op_copy(
+            node, settings, spec["task_id"], model, None, _tier(p["target_device"]), spec["source"],
+            p.get("bandwidth_limit"),
+        )  # fmt: skip
     elif atype == "move":
         op = op_move(
             node,

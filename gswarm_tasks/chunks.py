@@ -58,12 +58,17 @@ def store_chunk(
     source_url: str | None = None,
     checksum: str | None = None,
     progress: Progress | None = None,
+    link_from: str | None = None,
 ) -> dict[str, Any]:
-    """Write a chunk from bytes or a source, hash it, and rename it into place."""
+    """Write a chunk from bytes or a source, hash it, and rename it into place. With `link_from`, a chunk on the
+    same tier that holds the same bytes, its file is linked instead of written again (a hard link: the file system
+    counts the chunks that share it, and removing one leaves the others whole)."""
     dest = node.tiers.chunk_path(tier, chunk_id)
     tmp = _part(dest)
     try:
-        if data is not None:
+        if data is not None and link_from is not None and _link(node.tiers.chunk_path(tier, link_from), tmp, data):
+            pass
+        elif data is not None:
             with open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()
@@ -81,14 +86,24 @@ def store_chunk(
     return _location(node, tier, chunk_id, dest, h)
 
 
+def _link(src: Path, tmp: Path, data: bytes) -> bool:
+    """Link `tmp` to `src` when `src` holds exactly `data` (chunk files are never changed in place: a copy or a
+    create renames a new file in); False, and nothing left at `tmp`, otherwise."""
+    try:
+        os.link(src, tmp)
+    except OSError:  # gone meanwhile, or another file system: write the bytes
+        return False
+    if tmp.stat().st_size == len(data) and tmp.read_bytes() == data:
+        return True
+    tmp.unlink(missing_ok=True)
+    return False
+
+
 def _token_for(settings: Settings, client: Any, source: dict[str, Any], chunk_id: str) -> tuple[str, str]:
-    """The prefix and token that let this node read one chunk from `source` (signed here when not given)."""
+    """The prefix and a token, signed here for this one chunk, that let this node read it from `source`."""
     prefix = storage_prefix(str(source["tier"]), "data", chunk_id)
-    token = source.get("token")
-    if not token:
-        secret = transfer_secret(client, settings.transfer_secret)
-        token = sign_token(secret, str(source["node"]), prefix, settings.transfer_token_ttl_s)
-    return prefix, str(token)
+    secret = transfer_secret(client, settings.transfer_secret)
+    return prefix, sign_token(secret, str(source["node"]), prefix, settings.transfer_token_ttl_s)
 
 
 def copy_chunk(
@@ -102,12 +117,15 @@ def copy_chunk(
     expected: dict[str, Any],
     remove_source: bool = False,
     progress: Progress | None = None,
+    compression: str = "none",
 ) -> dict[str, Any]:
     """Copy a chunk to `tier` here, from a local tier or a peer; verified before it is renamed into place.
 
     `expected` holds the chunk's size and blake3 (or sha256); a source whose bytes differ fails the copy and
-    leaves nothing behind. `remove_source` removes a local source after the copy (a move)."""
+    leaves nothing behind. `remove_source` removes a local source after the copy (a move). `compression` (none,
+    zstd) is what a peer does to the bytes on the wire."""
     dest = node.tiers.chunk_path(tier, chunk_id)
+    wire: dict[str, Any] = {}  # from a peer: the compression asked for and the bytes on the wire
     entry = {"path": chunk_id, "size": int(expected["size"])}
     if expected.get("blake3"):
         entry["blake3"] = expected["blake3"]
@@ -140,6 +158,7 @@ def copy_chunk(
             raise NotFound(f"{source['node']} announced no file server", {"node": source["node"]})
         prefix, token = _token_for(settings, client, source, chunk_id)
         staging = node.tiers.staging_dir(tier, f"chunk-{key}")
+        wire["compression"] = compression
         try:
             pull_files(
                 str(source["address"]),
@@ -150,6 +169,8 @@ def copy_chunk(
                 staging,
                 streams=settings.transfer_streams,
                 progress=progress,
+                compression=compression,
+                stats=wire,
             )
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging / chunk_id, dest)
@@ -164,7 +185,7 @@ def copy_chunk(
     out = _location(node, tier, chunk_id, dest, h)
     out["source_device"] = str(Device(str(source["node"]), str(source["tier"])))
     out["source_removed"] = bool(remove_source and source["node"] == node.name)
-    return out
+    return {**out, **wire}
 
 
 def read_chunk(

@@ -2,12 +2,85 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import TaskFailed
+from .errors import ResourceUnavailable, TaskFailed
 from .serving import ServiceRegistry
+from .settings import Settings
 from .storage import Tiers
+
+
+def private_dir(path: Path, anchor: Path, device: str) -> Path:
+    """`path` as a directory only this user can use: each part below `anchor` (which must exist) is made 0700 when
+    missing (mkdir never follows a symlink) and checked with lstat; a symlink, a directory of another user or one
+    open to group or others is refused with RESOURCE_UNAVAILABLE, never used or repaired."""
+    details = {"device": device, "path": str(path)}
+    try:
+        rel = path.relative_to(anchor)
+        top = os.stat(anchor)
+    except (ValueError, OSError) as exc:
+        raise ResourceUnavailable(f"{device} is not available: no tmpfs at {anchor}", details) from exc
+    if not stat.S_ISDIR(top.st_mode):
+        raise ResourceUnavailable(f"{device} is not available: {anchor} is not a directory", details)
+    if top.st_mode & stat.S_IWOTH and not top.st_mode & stat.S_ISVTX:
+        # Without the sticky bit anyone could rename our directory away and put theirs in its place.
+        raise ResourceUnavailable(
+            f"{device} is not available: {anchor} is writable by all users and not sticky", details
+        )
+    cur = anchor
+    for part in rel.parts:
+        cur = cur / part
+        try:
+            os.mkdir(cur, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise ResourceUnavailable(
+                f"{device} is not available: cannot create {cur}: {exc.strerror}", details
+            ) from exc
+        st = os.lstat(cur)
+        problem = _not_private(st)
+        if problem:
+            raise ResourceUnavailable(
+                f"{device} is not available: {cur} {problem}; the dram tier needs a directory private to uid"
+                f" {os.geteuid()} (remove it, or set GSWARM_DRAM_ROOT)",
+                {**details, "refused": str(cur)},
+            )
+    return path
+
+
+def _not_private(st: os.stat_result) -> str | None:
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != os.geteuid():
+        return f"belongs to uid {st.st_uid}"
+    if st.st_mode & 0o077:
+        return f"has group or other permissions ({stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+@dataclass(frozen=True)
+class NodeTiers(Tiers):
+    """A node's tiers whose `dram` root is checked to be private each time it is used (`private_dir`)."""
+
+    dram_anchor: Path = Path("/dev/shm")
+
+    def root(self, tier: str) -> Path:
+        if tier == "dram":
+            return private_dir(self.dram, self.dram_anchor, f"{self.node}:dram")
+        return super().root(tier)
+
+    def dram_available(self) -> bool:
+        try:
+            self.root("dram")
+        except ResourceUnavailable:
+            return False
+        return True
 
 
 @dataclass
@@ -19,9 +92,22 @@ class NodeContext:
     dram_root: Path
     address: str
     worker: str
-    tiers: Tiers
+    tiers: NodeTiers
     services: ServiceRegistry
     file_port: int | None = None
+
+    @classmethod
+    def create(cls, settings: Settings, name: str, worker: str, address: str) -> NodeContext:
+        """The context of node `name`, its disk root made (the dram root is made on first use)."""
+        storage_root = settings.effective_storage_root(name)
+        dram_root = settings.effective_dram_root(name)
+        tiers = NodeTiers(name, storage_root, dram_root, settings.effective_dram_anchor())
+        storage_root.mkdir(parents=True, exist_ok=True)
+        return cls(name, storage_root, dram_root, address, worker, tiers, ServiceRegistry(storage_root))
+
+    def dram_available(self) -> bool:
+        """Whether the dram tier's root is (or could be made) a private directory of this user."""
+        return self.tiers.dram_available()
 
     def file_server_port(self) -> int | None:
         """The file server's port: pool processes forked before it started read what the worker wrote."""

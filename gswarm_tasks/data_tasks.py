@@ -26,9 +26,11 @@ def create(
     source_url: str | None = None,
     checksum: str | None = None,
     data_key: str | None = None,
+    link_from: str | None = None,
 ) -> dict[str, Any]:
     """Store a chunk from inline bytes (in the message, or waiting in Redis under `data_key` when they were too
-    large for it) or a source; its sha256 is checked when the sender gave one."""
+    large for it) or a source; its sha256 is checked when the sender gave one. `link_from` names a chunk on the
+    tier with the same bytes, whose file it shares."""
     node = require_node()
     settings = settings_of(self.app)
 
@@ -41,7 +43,7 @@ def create(
                 raise InvalidRequest(f"chunk {chunk_id}: its bytes are no longer in Redis", {"chunk_id": chunk_id})
             text = staged.decode() if isinstance(staged, bytes) else str(staged)
         data = base64.b64decode(text, validate=True) if text is not None else None
-        out = store_chunk(node, settings, chunk_id, tier, data, source_url, checksum, rep.progress)
+        out = store_chunk(node, settings, chunk_id, tier, data, source_url, checksum, rep.progress, link_from)
         if data_key is not None:
             rep.client.delete(data_key)  # stored: a redelivery finds the op done and needs them no more
         return out
@@ -70,7 +72,11 @@ def create_batch(
         stored = []
         for c in given or []:
             data = base64.b64decode(c["data_b64"], validate=True)
-            stored.append(store_chunk(node, settings, c["chunk_id"], tier, data, None, c.get("checksum")))
+            stored.append(
+                store_chunk(
+                    node, settings, c["chunk_id"], tier, data, checksum=c.get("checksum"), link_from=c.get("link_from")
+                )
+            )
             rep.progress(len(data))
         if chunks_key is not None:
             rep.client.delete(chunks_key)  # stored: a redelivery finds the op done and needs them no more
@@ -88,16 +94,19 @@ def copy(
     source: dict[str, Any],
     expected: dict[str, Any],
     remove_source: bool = False,
+    compression: str = "none",
 ) -> dict[str, Any]:
-    """Copy a chunk to a tier of this node (a move when `remove_source`), verified before it counts."""
+    """Copy a chunk to a tier of this node (a move when `remove_source`), verified before it counts; from a peer,
+    zstd-compressed on the wire when `compression` says so."""
     node = require_node()
     settings = settings_of(self.app)
 
     def body(rep: Reporter) -> dict[str, Any]:
         rep.set_phase("copying", total=int(expected["size"]))
         return copy_chunk(
-            node, settings, redis_of(self), op_id, chunk_id, tier, source, expected, remove_source, rep.progress
-        )
+            node, settings, redis_of(self), op_id, chunk_id, tier, source, expected, remove_source, rep.progress,
+            compression,
+        )  # fmt: skip
 
     return run_op(self, op_id, body)
 

@@ -19,15 +19,14 @@ from . import names
 from .celery_app import settings_of
 from .context import FILE_PORT_FILE, NodeContext, current_node, set_node
 from .devices import NODE_NAME_RE, RESERVED_NODE_NAMES
-from .errors import TaskFailed
+from .errors import ResourceUnavailable, TaskFailed
 from .heartbeat import Heartbeat, route_address
 from .recovery import restore_orphans
 from .reporting import redis_of, report
 from .sampler import Sampler
-from .serving import ServiceMonitor, ServiceRegistry
+from .serving import ServiceMonitor
 from .settings import Settings
 from .spill import FrameSpill
-from .storage import Tiers
 from .transfer.server import FileServer
 from .transfer.tokens import transfer_secret
 
@@ -72,23 +71,13 @@ def _on_setup(sender: str, instance: Any, **_: Any) -> None:
     name = resolve_node_name(settings.node_name, sender, queues)
     if name is None:
         return
-    storage_root = settings.effective_storage_root(name)
-    dram_root = settings.effective_dram_root(name)
-    node = NodeContext(
-        name=name,
-        storage_root=storage_root,
-        dram_root=dram_root,
-        address=settings.node_address or route_address(settings.effective_redis_url),
-        worker=sender,
-        tiers=Tiers(name, storage_root, dram_root),
-        services=ServiceRegistry(storage_root),
+    node = NodeContext.create(
+        settings, name, sender, settings.node_address or route_address(settings.effective_redis_url)
     )
-    node.storage_root.mkdir(parents=True, exist_ok=True)
-    try:  # the dram tier exists only where its tmpfs does; it is reported, never faked
-        if node.dram_root.parent.parent.is_dir():
-            node.dram_root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        log.warning("no dram tier at %s: %s", node.dram_root, exc)
+    try:  # the dram tier exists only where its tmpfs does, private to this user; it is reported, never faked
+        node.tiers.root("dram")
+    except ResourceUnavailable as exc:
+        log.warning("no dram tier: %s", exc.message)
     set_node(node)
     log.info("node worker %s serves node %s (storage %s)", sender, name, node.storage_root)
 
@@ -105,7 +94,7 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         log.warning("could not requeue orphaned tasks of %s: %s", node.name, exc)
     client = redis.Redis.from_url(settings.effective_redis_url, socket_timeout=5, socket_connect_timeout=5)
     roots = {"disk": node.storage_root}
-    if node.dram_root.is_dir():
+    if node.dram_available():
         roots["dram"] = node.dram_root
     _threads.file_server = _start_file_server(node, roots, client, settings.file_host or node.address, settings)
     node.file_port = _threads.file_server.port
@@ -123,6 +112,7 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         bandwidth=settings.profiling_bandwidth,
         nvlink=settings.profiling_nvlink,
         spill=FrameSpill(node.storage_root, settings.profiling_spill_max_bytes),
+        maxlen=settings.profiling_stream_max_frames,
     )
     sampler.start()
     extra = {"worker": node.worker, "queues": [node.name], "file_port": node.file_port}

@@ -28,8 +28,11 @@ from typing import Any, TypeVar
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from .engines import KEY_HEADER
 from .errors import GswarmError, InvalidRequest, ModelNotFound, NotFound, ResourceUnavailable, error_body
 from .generation import chat_prompt, complete, events, params_of, stream_text
+from .inflight import Active
+from .service_key import read_key_file, require_key
 
 log = logging.getLogger("gswarm.model_server")
 T = TypeVar("T")
@@ -284,10 +287,14 @@ class _Server:
         return jsonify({**head, "model": self.name, "choices": [choice], "usage": usage})
 
 
-def create_app(backend: Backend, name: str, device: str, max_batch: int) -> Flask:
+DRAIN_S = 12.0  # on SIGTERM, requests in flight get this long (the node sends SIGKILL after 15 s)
+
+
+def create_app(backend: Backend, name: str, device: str, max_batch: int, key: str | None = None) -> Flask:
     app = Flask("gswarm_model_server")
     app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
     server = _Server(backend, name, device, max_batch)
+    app.before_request(require_key(key))
     app.before_request(server.count)
 
     @app.after_request
@@ -315,6 +322,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--max-batch-size", type=int, default=64, help="most inputs/prompts per request")
     p.add_argument("--threads", type=int, default=0, help="torch threads of a forward pass (0: torch's default)")
+    p.add_argument("--key-file", type=Path, help=f"file holding the key every request must send in {KEY_HEADER}")
     args = p.parse_args(argv)
     if args.max_batch_size < 1 or not 0 <= args.port <= 65535 or args.threads < 0:
         p.error("--max-batch-size must be >= 1, --port in [0, 65535] and --threads >= 0")
@@ -348,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, on_signal)
     path = args.model_path.resolve()
     try:
+        key = read_key_file(args.key_file)
         if not path.is_dir():
             raise ModelNotFound(f"model directory {path} does not exist", {"model_path": str(path)})
         device = check_device(args.device)
@@ -365,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"INTERNAL: cannot load {path} as {args.task}: {type(exc).__name__}: {exc}")
     from werkzeug.serving import make_server
 
-    app = create_app(backend, args.model_name, device, args.max_batch_size)
+    app = create_app(backend, args.model_name, device, args.max_batch_size, key)
+    active = Active(app.wsgi_app)
+    app.wsgi_app = active  # type: ignore[method-assign]
     try:
         server = make_server(args.host, args.port, app, threaded=True)
     except OSError as exc:
@@ -374,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.serve_forever()
     finally:
-        server.server_close()
+        server.server_close()  # no new connection; the requests being answered finish first
+        if not active.wait_idle(DRAIN_S):
+            log.warning("stopped with requests still in flight after %.0f s", DRAIN_S)
     log.info("stopped")
     return 0
 

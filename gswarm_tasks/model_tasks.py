@@ -1,4 +1,4 @@
-"""Node tasks for models: download, copy (pull from a peer), move between local tiers, delete, serve, stop.
+"""Node tasks for models: download, copy (pull from a peer), move between local tiers (or into a GPU), delete.
 
 Each operation is a plain function (`op_*`) of the node, the settings and a Reporter; the Celery tasks
 here and the workflow steps call the same functions. Paths come only from checked names; the control
@@ -11,6 +11,7 @@ import logging
 import shutil
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from celery import Task
@@ -19,22 +20,28 @@ from . import names
 from .celery_app import NodeTask, app, settings_of
 from .context import NodeContext, require_node
 from .devices import Device
-from .errors import InvalidRequest, NotFound, ResourceUnavailable, TaskFailed
+from .errors import InvalidRequest, NotFound, ResourceUnavailable
+from .locks import model_leases
 from .nvml import list_gpus
-from .reporting import Reporter, run_op
-from .serving import pick_port, port_free, server_argv
+from .reporting import Reporter, redis_of, run_op
+from .serving import pick_port
 from .settings import Settings
 from .sources import copy_local, download_hf, parse_source, verify_against_hub
 from .storage import (
     build_manifest,
+    check_tree,
     copy_tree_verified,
     install,
     manifest_digest,
     read_manifest,
     remove_tree,
+    reserve,
+    tree_size,
     write_manifest,
 )
+from .storage import prefix as storage_prefix
 from .transfer.client import fetch_manifest, pull_files
+from .transfer.tokens import sign_token, transfer_secret
 
 log = logging.getLogger(__name__)
 OPTS: dict[str, Any] = {"base": NodeTask, "bind": True}
@@ -50,6 +57,12 @@ def _location(node: NodeContext, tier: str, model: str, manifest: dict[str, Any]
     }
 
 
+def _reserve(node: NodeContext, settings: Settings, tier: str, staging: Path, need: int, model: str) -> None:
+    """models.cache_size bounds the models on the disk tier: room for `need` bytes is taken before they come."""
+    if tier == "disk":
+        reserve(node.tiers.root("disk") / "models", staging, need, settings.cache_size, model)
+
+
 def op_download(node: NodeContext, settings: Settings, op_id: str, model: str, source_url: str, tier: str) -> Op:
     staging = node.tiers.staging_dir(tier, f"dl-{op_id}")
 
@@ -57,9 +70,17 @@ def op_download(node: NodeContext, settings: Settings, op_id: str, model: str, s
         source = parse_source(source_url, settings.allowed_roots)
         rep.set_phase("downloading")
         staging.mkdir(parents=True, exist_ok=True)
+
+        def on_total(n: int) -> None:
+            _reserve(node, settings, tier, staging, n, model)
+            rep.set_phase("downloading", total=n)
+
         if source.scheme == "hf":
-            meta = download_hf(source, staging, rep.progress, on_total=lambda n: rep.set_phase("downloading", total=n))
+            meta = download_hf(source, staging, rep.progress, on_total=on_total)
         else:
+            assert source.path is not None
+            local = Path(source.path)
+            on_total(tree_size(local) if local.is_dir() else local.stat().st_size)
             meta = copy_local(source, staging, rep.progress)
         rep.set_phase("verifying", reset=True)
         manifest = build_manifest(staging, rep.progress)
@@ -67,36 +88,46 @@ def op_download(node: NodeContext, settings: Settings, op_id: str, model: str, s
             verify_against_hub(staging, manifest, meta.pop("expected"))
         manifest["source"] = {"url": source_url, **meta}
         write_manifest(staging, manifest)
-        install(staging, node.tiers.model_dir(tier, model))
+        install(staging, node.tiers.model_dir(tier, model), manifest)
         return _location(node, tier, model, manifest)
 
     return body, lambda: shutil.rmtree(staging, ignore_errors=True)
 
 
+def _peer_token(settings: Settings, client: Any, source: dict[str, Any], model: str) -> tuple[str, str]:
+    """(prefix, token) to read `model` from a peer: signed here, for that one model and a few minutes, so no
+    token travels in a task's arguments (where Flower and the broker would show it)."""
+    prefix = storage_prefix(str(source["tier"]), "models", model)
+    secret = transfer_secret(client, settings.transfer_secret)
+    return prefix, sign_token(secret, str(source["node"]), prefix, settings.transfer_token_ttl_s)
+
+
 def op_copy(
     node: NodeContext,
     settings: Settings,
+    op_id: str,
     model: str,
     manifest: dict[str, Any] | None,
     target_tier: str,
     source: dict[str, Any],
     bandwidth_limit: float | None,
+    compression: str = "none",
 ) -> Op:
-    """Pull from a peer's file server (or copy from a local tier) into `target_tier`; resumable."""
-    state: dict[str, Any] = {}
-
-    def cleanup() -> None:
-        if "staging" in state:
-            shutil.rmtree(state["staging"], ignore_errors=True)
+    """Pull from a peer's file server (or copy from a local tier) into `target_tier`; resumable by the same
+    operation (its staging directory is its own), verified before it is installed. `compression` (none, zstd) is
+    what the peer does to the bytes on the wire."""
+    staging = node.tiers.staging_dir(target_tier, f"cp-{op_id}")
 
     def body(rep: Reporter) -> dict[str, Any]:
         local = source["node"] == node.name
+        if not local:
+            prefix, token = _peer_token(settings, rep.client, source, model)
         man = manifest
         if man is None:  # a workflow step: the manifest travels with the model, read it from the source
             man = (
                 read_manifest(node.tiers.model_dir(source["tier"], model))
                 if local
-                else fetch_manifest(source["address"], int(source["port"]), source["token"], source["prefix"])
+                else fetch_manifest(source["address"], int(source["port"]), token, prefix)
             )
             if man is None:
                 raise NotFound(f"{model} is not on {Device(source['node'], source['tier'])}", {"model": model})
@@ -104,32 +135,36 @@ def op_copy(
         existing = read_manifest(final)
         if existing is not None and manifest_digest(existing) == manifest_digest(man):
             return {**_location(node, target_tier, model, man), "noop": True, "fetched_bytes": 0}
-        staging = state["staging"] = node.tiers.staging_dir(target_tier, f"cp-{model}-{manifest_digest(man)}")
+        _reserve(node, settings, target_tier, staging, int(man["total_bytes"]), model)
         rep.set_phase("copying", total=int(man["total_bytes"]))
         fetched = int(man["total_bytes"])
+        wire: dict[str, Any] = {}
         if local:
             copy_tree_verified(node.tiers.model_dir(source["tier"], model), staging, man, rep.progress)
         else:
             fetched = pull_files(
                 source["address"],
                 int(source["port"]),
-                source["token"],
-                source["prefix"],
+                token,
+                prefix,
                 man,
                 staging,
                 streams=settings.transfer_streams,
                 bandwidth_limit=bandwidth_limit,
                 progress=rep.progress,
+                compression=compression,
+                stats=wire,
             )
+            wire["compression"] = compression
         rep.set_phase("verifying")
         write_manifest(staging, man)
-        install(staging, final)
-        return {**_location(node, target_tier, model, man), "fetched_bytes": fetched}
+        install(staging, final, man)
+        return {**_location(node, target_tier, model, man), "fetched_bytes": fetched, **wire}
 
-    return body, cleanup
+    return body, lambda: shutil.rmtree(staging, ignore_errors=True)
 
 
-def _gpu_index_available(device: Device) -> None:
+def gpu_index_available(device: Device) -> None:
     index = device.gpu_index
     gpus = [g["index"] for g in list_gpus()]
     if index not in gpus:
@@ -162,7 +197,7 @@ def op_move(
     if target.is_gpu:
 
         def load(rep: Reporter) -> dict[str, Any]:
-            _gpu_index_available(target)
+            gpu_index_available(target)
             man = manifest_now()
             rep.set_phase("moving", total=int(man["total_bytes"]))
             port = pick_port(node.address, settings.serve_port_start + 1000, set())
@@ -197,16 +232,40 @@ def op_move(
         if source_tier == target_tier:
             raise InvalidRequest("target_device: the model is already on that device", {"field": "target_device"})
         man = manifest_now()
+        _reserve(node, settings, target_tier, staging, int(man["total_bytes"]), model)
         rep.set_phase("moving", total=int(man["total_bytes"]))
         copy_tree_verified(src_dir, staging, man, rep.progress)
         rep.set_phase("verifying")
         write_manifest(staging, man)
-        install(staging, node.tiers.model_dir(target_tier, model))
+        install(staging, node.tiers.model_dir(target_tier, model), man)
         if not keep_source:
             remove_tree(src_dir)
         return {**_location(node, target_tier, model, man), "source_removed": not keep_source}
 
     return body, lambda: shutil.rmtree(staging, ignore_errors=True)
+
+
+def op_register(node: NodeContext, model: str, tier: str, manifest: dict[str, Any] | None) -> Op:
+    """A copy already in this tier's model directory: every file checked against `manifest` (exactly its files,
+    each of its size and hash), or the manifest built from the files when the model has none; then reported."""
+
+    def body(rep: Reporter) -> dict[str, Any]:
+        final = node.tiers.model_dir(tier, model)
+        device = node.tiers.device(tier)
+        if not final.is_dir():
+            raise NotFound(f"{model} is not on {device}: {final} is not a directory", {"model": model})
+        rep.set_phase("verifying", total=int((manifest or {}).get("total_bytes") or tree_size(final)))
+        if manifest is None:
+            man = build_manifest(final, rep.progress)
+            if not man["files"]:
+                raise NotFound(f"{model} is not on {device}: {final} holds no file", {"model": model})
+        else:
+            check_tree(final, manifest, hashed=False)
+            man = manifest
+        write_manifest(final, man)
+        return {**_location(node, tier, model, man), "registered": True}
+
+    return body, None
 
 
 def op_delete(node: NodeContext, model: str, tier: str) -> Op:
@@ -221,112 +280,39 @@ def op_delete(node: NodeContext, model: str, tier: str) -> Op:
     return body, None
 
 
-def op_serve(
-    node: NodeContext,
-    settings: Settings,
-    service_id: str,
-    model: str,
-    tier: str | None,
-    device: str,
-    port: int | None,
-    backend: str,
-    config: dict[str, Any],
-    trust_remote_code: bool,
-) -> Op:
-    dev = Device.parse(device, field="device")
-
-    def body(rep: Reporter) -> dict[str, Any]:
-        existing = node.services.get(service_id)
-        if existing is not None:  # a redelivered start: the service already runs
-            return {k: existing[k] for k in ("pid", "port", "url")}
-        if dev.is_gpu:
-            _gpu_index_available(dev)
-        use_tier = tier or next((t for t in ("dram", "disk") if _has_model(node, t, model)), None)
-        if use_tier is None:
-            raise NotFound(f"{model} has no copy on {node.name}'s disk or dram", {"model": model})
-        rep.set_phase("starting")
-        taken = {int(e["port"]) for e in node.services.entries()}
-        if port is not None and (port in taken or not port_free(node.address, port)):
-            raise ResourceUnavailable(f"port {port} is in use on {node.name}", {"field": "port", "port": port})
-        # A port we picked can be taken between the check and the server's bind: pick again (not a user's port).
-        for attempt in range(3):
-            chosen = port if port is not None else pick_port(node.address, settings.serve_port_start, taken)
-            argv = server_argv(
-                backend,
-                node.tiers.model_dir(use_tier, model),
-                model,
-                node.address,
-                chosen,
-                dev.compute_device,
-                config,
-                settings.serve_command,
-                trust_remote_code,
-                settings.serve_cpu_threads,
-            )
-            try:
-                entry = node.services.start(
-                    service_id,
-                    argv,
-                    node.address,
-                    chosen,
-                    {"kind": "model", "model": model, "device": device},
-                    settings.serve_ready_timeout_s,
-                    env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-                )
-                break
-            except TaskFailed as exc:
-                taken.add(chosen)
-                if port is not None or attempt == 2 or port_free(node.address, chosen):
-                    raise
-                log.warning("port %s was taken while %s started; trying another: %s", chosen, service_id, exc)
-        return {"pid": entry["pid"], "port": chosen, "url": entry["url"]}
-
-    return body, None
-
-
-def _has_model(node: NodeContext, tier: str, model: str) -> bool:
-    try:
-        return read_manifest(node.tiers.model_dir(tier, model)) is not None
-    except ResourceUnavailable:
-        return False
-
-
-def op_stop(node: NodeContext, service_id: str | None, model: str | None = None, device: str | None = None) -> Op:
-    def body(rep: Reporter) -> dict[str, Any]:
-        sid = service_id
-        if sid is None:  # find it by model and device, as a workflow names it
-            sid = next(
-                (
-                    e["service_id"]
-                    for e in node.services.entries()
-                    if e.get("kind") == "model" and e.get("model") == model and e.get("device") == device
-                ),
-                None,
-            )
-            if sid is None:
-                raise NotFound(f"no service of {model} on {device}", {"model": model, "device": device})
-        entry = node.services.get(sid)
-        was_running = node.services.stop(sid)
-        port = entry.get("port") if entry else None
-        return {
-            "service_id": sid,
-            "stopped": was_running,
-            "port": port,
-            "port_free": port is None or port_free(node.address, port),
-        }
-
-    return body, None
-
-
-def _run(task: Task, op_id: str, op: Op) -> dict[str, Any]:
+def run_task(
+    task: Task, op_id: str, op: Op, model: str | None = None, tiers: list[str] | None = None
+) -> dict[str, Any]:
+    """Run an operation; one that writes or removes `model`'s copies on `tiers` holds them until it has reported,
+    so a second operation on the same copy waits its turn and the reports reach the control plane in that order."""
     body, cleanup = op
-    return run_op(task, op_id, body, cleanup=cleanup)
+    if model is None or not tiers:
+        return run_op(task, op_id, body, cleanup=cleanup)
+    node = require_node()
+    with model_leases(redis_of(task), node.name, tiers, model, owner=op_id):
+        return run_op(task, op_id, body, cleanup=cleanup)
+
+
+def lease_tiers(node: str, action: str, params: dict[str, Any]) -> list[str]:
+    """The tiers of `node` whose copy of the model a workflow's model action writes, removes or reads (a move's or
+    a local copy's source): held while the step runs and reports, as the standalone operations hold them."""
+    keys = {"download": ["target_device"], "copy": ["target_device", "source_device"], "delete": ["device"]}
+    keys["move"] = keys["copy"]
+    tiers = set()
+    for key in keys.get(action, []):
+        text = params.get(key)
+        if isinstance(text, str) and text:
+            dev = Device.parse(text, field=key)
+            if dev.node == node:
+                tiers.add(dev.tier)
+    return sorted(tiers)
 
 
 @app.task(name=names.MODEL_DOWNLOAD, **OPTS)
 def download(self: Task, op_id: str, model: str, source_url: str, tier: str = "disk") -> dict[str, Any]:
     """Download a model from its source into a file tier of this node, verify it, install it atomically."""
-    return _run(self, op_id, op_download(require_node(), settings_of(self.app), op_id, model, source_url, tier))
+    op = op_download(require_node(), settings_of(self.app), op_id, model, source_url, tier)
+    return run_task(self, op_id, op, model, [tier])
 
 
 @app.task(name=names.MODEL_COPY, **OPTS)
@@ -338,10 +324,14 @@ def copy(
     target_tier: str,
     source: dict[str, Any],
     bandwidth_limit: float | None = None,
+    compression: str = "none",
 ) -> dict[str, Any]:
     """Pull a model from a peer's file server (or a local tier) into `target_tier`, verify, install."""
-    op = op_copy(require_node(), settings_of(self.app), model, manifest, target_tier, source, bandwidth_limit)
-    return _run(self, op_id, op)
+    node = require_node()
+    settings = settings_of(self.app)
+    op = op_copy(node, settings, op_id, model, manifest, target_tier, source, bandwidth_limit, compression)
+    local = [str(source["tier"])] if source.get("node") == node.name else []
+    return run_task(self, op_id, op, model, [target_tier, *local])
 
 
 @app.task(name=names.MODEL_MOVE, **OPTS)
@@ -356,36 +346,16 @@ def move(
 ) -> dict[str, Any]:
     """Move (or copy) a model between tiers of this node: disk <-> dram, or load it into GPU memory."""
     op = op_move(require_node(), settings_of(self.app), op_id, model, manifest, source_tier, target_tier, keep_source)
-    return _run(self, op_id, op)
+    return run_task(self, op_id, op, model, [source_tier, target_tier])
+
+
+@app.task(name=names.MODEL_REGISTER, **OPTS)
+def register(self: Task, op_id: str, model: str, tier: str, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Verify a model copy that is already in a file tier of this node, and report it."""
+    return run_task(self, op_id, op_register(require_node(), model, tier, manifest), model, [tier])
 
 
 @app.task(name=names.MODEL_DELETE, **OPTS)
 def delete(self: Task, op_id: str, model: str, tier: str) -> dict[str, Any]:
     """Remove a model from one tier of this node (for gpuN: stop the process holding it)."""
-    return _run(self, op_id, op_delete(require_node(), model, tier))
-
-
-@app.task(name=names.SERVICE_START, **OPTS)
-def serve(
-    self: Task,
-    op_id: str,
-    service_id: str,
-    model: str,
-    tier: str,
-    device: str,
-    port: int | None,
-    backend: str,
-    config: dict[str, Any],
-    trust_remote_code: bool = False,
-) -> dict[str, Any]:
-    """Start a model server on this node and wait until it answers /health."""
-    op = op_serve(
-        require_node(), settings_of(self.app), service_id, model, tier, device, port, backend, config, trust_remote_code
-    )
-    return _run(self, op_id, op)
-
-
-@app.task(name=names.SERVICE_STOP, **OPTS)
-def stop_service(self: Task, op_id: str, service_id: str) -> dict[str, Any]:
-    """Stop a model server (its whole process group) and free its port."""
-    return _run(self, op_id, op_stop(require_node(), service_id))
+    return run_task(self, op_id, op_delete(require_node(), model, tier), model, [tier])

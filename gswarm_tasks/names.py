@@ -21,8 +21,10 @@ MODEL_DOWNLOAD = "gswarm.node.model.download"
 MODEL_COPY = "gswarm.node.model.copy"
 MODEL_MOVE = "gswarm.node.model.move"
 MODEL_DELETE = "gswarm.node.model.delete"
+MODEL_REGISTER = "gswarm.node.model.register"  # verify a copy already on the node, then report it
 SERVICE_START = "gswarm.node.service.start"
 SERVICE_STOP = "gswarm.node.service.stop"
+SERVICE_PREWARM = "gswarm.node.service.prewarm"  # start the warm starter of built-in servers ahead of scale-ups
 DATA_CREATE = "gswarm.node.data.create"
 DATA_CREATE_BATCH = "gswarm.node.data.create_batch"  # many small chunks, bytes in the message
 DATA_COPY = "gswarm.node.data.copy"
@@ -68,7 +70,23 @@ PROFILER_SESSIONS_KEY = "gswarm:profiler:sessions"  # hash: session -> what its 
 METRICS_LATEST_KEY = "gswarm:metrics:latest"  # hash: node -> its newest frame
 METRICS_SEEN_KEY = "gswarm:metrics:latest:seen"
 SERVICE_LAST_REQUEST_KEY = "gswarm:services:last-request"  # hash: service -> time of its last gateway request
+# Pub/sub: every change of a node, task, workflow step, service or profiler session, as JSON, published by the
+# process that committed it (the control worker as it applies reports, the web app for what a request changed);
+# each web process forwards it to its /api/v1/events sockets.
+EVENTS_CHANNEL = "gswarm:events"
+SERVICE_KEYS_KEY = "gswarm:services:keys"  # hash: replica URL -> the secret its server accepts requests with
 RECONCILER_LOCK_KEY = "gswarm:lock:reconciler"  # one round of the service reconciler at a time
+# The gateway's live counts, shared by every web process (control/live.py): `r:<replica>` in flight and
+# `w:<service>` waiting; each process's own share under SERVE_PROC_PREFIX + its id while its lease lives.
+SERVE_LIVE_KEY = "gswarm:serve:live"
+SERVE_PROCS_KEY = "gswarm:serve:procs"  # set: the web processes with a share
+SERVE_PROC_PREFIX = "gswarm:serve:proc:"
+SERVE_LEASE_PREFIX = "gswarm:serve:lease:"
+SERVE_DRAINING_KEY = "gswarm:serve:draining"  # set: replicas that take no new request
+SERVE_VERSION_KEY = "gswarm:serve:version"  # changes whenever a replica starts or stops serving
+SERVE_TURNS_KEY = "gswarm:serve:turns"  # hash: model -> the next turn (ties and round_robin, across processes)
+SERVE_STATS_PREFIX = "gswarm:serve:stats:"  # hash per replica (or `svc:<service>`): counters and histogram buckets
+AUTOSCALER_LOCK_KEY = "gswarm:lock:autoscaler"  # one autoscaler tick at a time across control workers
 KEEP_S = 7 * 24 * 3600  # how long per-task keys live
 
 
@@ -86,6 +104,11 @@ def op_done_key(op_id: str) -> str:
 
 def device_lock_key(device: str) -> str:
     return f"gswarm:lock:device:{device}"
+
+
+def model_lock_key(node: str, tier: str, model: str) -> str:
+    """Held while an operation writes or removes `model`'s copy on one tier of one node."""
+    return f"gswarm:lock:model:{node}:{tier}:{model}"
 
 
 def step_done_key(task_id: str) -> str:
@@ -117,3 +140,8 @@ def chunk_batch_key(first_chunk_id: str) -> str:
 def chunk_bytes_key(chunk_id: str) -> str:
     """A created chunk's base64 bytes while its node has not stored them (those above data.inline_max_bytes)."""
     return f"gswarm:chunk-bytes:{chunk_id}"
+
+
+def untaken_key(task_id: str) -> str:
+    """When the control plane first saw an operation's message taken by no node (dispatch.resend_untaken)."""
+    return f"gswarm:untaken:{task_id}"

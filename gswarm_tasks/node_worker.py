@@ -14,8 +14,9 @@ from typing import Any
 from . import (
     data_tasks,  # noqa: F401  (registers the data tasks)
     lifecycle,  # noqa: F401  (connects the worker's start, failure and shutdown hooks)
-    model_tasks,  # noqa: F401  (registers the model and service tasks)
+    model_tasks,  # noqa: F401  (registers the model tasks)
     names,
+    service_tasks,  # noqa: F401  (registers the service tasks)
     step_task,  # noqa: F401  (registers the workflow step task)
 )
 from .celery_app import NodeTask, app

@@ -69,8 +69,10 @@ class Sampler:
         bandwidth: bool = True,
         nvlink: bool = False,
         spill: FrameSpill | None = None,
+        maxlen: int = names.FRAMES_MAXLEN,
     ) -> None:
         self.client = client
+        self.maxlen = max(1, maxlen)  # profiling.stream_max_frames
         self.spill = spill
         # Redis' clock minus ours, measured with every flush; a worker that starts while Redis is down goes on
         # with what its predecessor measured.
@@ -141,7 +143,7 @@ class Sampler:
         pipe = self.client.pipeline(transaction=False)
         pipe.time()
         for f in frames:
-            pipe.xadd(stream, {"data": json.dumps(f)}, id=self._id(f), maxlen=names.FRAMES_MAXLEN, approximate=True)
+            pipe.xadd(stream, {"data": json.dumps(f)}, id=self._id(f), maxlen=self.maxlen, approximate=True)
         sent_at = time.time()
         results = pipe.execute(raise_on_error=False)
         for r in results:
@@ -153,7 +155,7 @@ class Sampler:
         if refused:  # ids below the stream's last one (the clock moved back): these take Redis' own ids
             pipe = self.client.pipeline(transaction=False)
             for f in refused:
-                pipe.xadd(stream, {"data": json.dumps(f)}, maxlen=names.FRAMES_MAXLEN, approximate=True)
+                pipe.xadd(stream, {"data": json.dumps(f)}, maxlen=self.maxlen, approximate=True)
             pipe.execute()
 
     def _flush(self) -> bool:

@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +21,8 @@ from typing import Any
 import requests
 
 from .devices import safe_name
-from .errors import InvalidRequest, ResourceUnavailable, TaskFailed
+from .errors import ResourceUnavailable, TaskFailed
+from .warm_start import WarmStarter
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +65,7 @@ class ServiceRegistry:
     def __init__(self, root: Path) -> None:
         self.root = root / "services"
         self.root.mkdir(parents=True, exist_ok=True)
+        self.warm = WarmStarter(self.root)
 
     def path(self, service_id: str) -> Path:
         return self.root / f"{safe_name(service_id, 'service_id')}.json"
@@ -85,6 +85,13 @@ class ServiceRegistry:
         except (OSError, ValueError):
             return None
 
+    def find(self, model: str, device: str) -> str | None:
+        """The id of the service of `model` on `device`, if this node runs one."""
+        for e in self.entries():
+            if e.get("kind") == "model" and e.get("model") == model and e.get("device") == device:
+                return str(e["service_id"])
+        return None
+
     def save(self, entry: dict[str, Any]) -> None:
         tmp = self.path(entry["service_id"]).with_suffix(".tmp")
         tmp.write_text(json.dumps(entry))
@@ -92,6 +99,10 @@ class ServiceRegistry:
 
     def remove(self, service_id: str) -> None:
         self.path(service_id).unlink(missing_ok=True)
+        self.key_file(service_id).unlink(missing_ok=True)
+
+    def key_file(self, service_id: str) -> Path:
+        return self.root / f"{safe_name(service_id, 'service_id')}.key"
 
     def start(
         self,
@@ -102,45 +113,48 @@ class ServiceRegistry:
         meta: dict[str, Any],
         ready_timeout_s: float,
         env: dict[str, str] | None = None,
+        warm: WarmStarter | None = None,
     ) -> dict[str, Any]:
-        """Spawn the server, wait until GET /health answers 200, record it; on failure kill it and raise."""
+        """Spawn the server (forked by `warm` when it can: a built-in server), wait until its readiness probe answers
+        200, record it; on failure kill it and raise."""
         log_path = self.root / f"{service_id}.log"
-        with open(log_path, "ab") as logf:
-            proc = subprocess.Popen(
-                argv,
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env={**os.environ, **(env or {})},
-            )
+        env = env if env is not None else server_env()  # never the node worker's own environment
+        proc, pid = None, warm.spawn(argv[3:], env, log_path) if warm is not None else None
+        if pid is None:
+            with open(log_path, "ab") as logf:
+                proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, env=env)  # fmt: skip
+            pid = proc.pid
         entry = {
             **meta,
             "service_id": service_id,
-            "pid": proc.pid,
+            "pid": pid,
             "host": host,
             "port": port,
             "argv": argv,
             "url": f"http://{host}:{port}",
             "log": str(log_path),
             "started_at": time.time(),
+            "warm_start": proc is None,
         }
         self.save(entry)
         deadline = time.monotonic() + ready_timeout_s
+        probe = str(entry.get("ready_path") or entry.get("health_path", "/health"))
         while time.monotonic() < deadline:
-            if proc.poll() is not None:
+            code = proc.poll() if proc is not None else (None if pid_alive(pid) else -1)
+            if code is not None:
                 self.remove(service_id)
                 raise TaskFailed(
-                    f"service process exited with {proc.returncode} before it was ready: {tail(log_path)}",
-                    {"exit_code": proc.returncode, "log_tail": tail(log_path)},
+                    f"service process exited with {code} before it was ready: {tail(log_path)}",
+                    {"exit_code": code, "log_tail": tail(log_path)},
                 )
-            if check_health(entry["url"], timeout=1.0, pid=proc.pid)[0]:
+            if check_health(entry["url"], timeout=1.0, pid=pid, path=probe)[0]:
                 entry["ready_at"] = time.time()  # from now on the monitor's checks count
                 self.save(entry)
                 return entry
-            time.sleep(0.2)
+            time.sleep(0.05 if proc is None else 0.2)
         self.stop(service_id)
-        raise TaskFailed(f"service did not answer /health within {ready_timeout_s:.0f} s: {tail(log_path)}")
+        raise TaskFailed(f"service did not answer {probe} within {ready_timeout_s:.0f} s: {tail(log_path)}")
 
     def stop(self, service_id: str, timeout_s: float = 15.0) -> bool:
         """Stop the service's whole process group; True when something was running."""
@@ -188,7 +202,8 @@ class ServiceRegistry:
                 continue
             healthy, message = (False, "process is not running")
             if alive:
-                healthy, message = check_health(entry["url"], timeout=5.0, pid=int(entry["pid"]))
+                path = entry.get("health_path", "/health")
+                healthy, message = check_health(entry["url"], timeout=5.0, pid=int(entry["pid"]), path=path)
             item = {
                 "service_id": entry["service_id"],
                 "pid": entry.get("pid"),
@@ -202,11 +217,11 @@ class ServiceRegistry:
         return results
 
 
-def check_health(url: str, timeout: float, pid: int | None = None) -> tuple[bool, str]:
+def check_health(url: str, timeout: float, pid: int | None = None, path: str = "/health") -> tuple[bool, str]:
     """GET /health answers 200 (and, with `pid`, from that process when the server says its pid: on a host with
     several node workers, another's server may already hold the port this one's server failed to bind)."""
     try:
-        r = requests.get(f"{url}/health", timeout=timeout)
+        r = requests.get(f"{url}{path}", timeout=timeout)
     except requests.RequestException as exc:
         return False, f"{type(exc).__name__}"
     if r.status_code == 200 and pid is not None:
@@ -226,60 +241,32 @@ def tail(path: Path, n: int = 1500) -> str:
         return ""
 
 
-def server_argv(
-    backend: str,
-    model_path: Path,
-    model_name: str,
-    host: str,
-    port: int,
-    device: str,
-    config: dict[str, Any],
-    command_template: str | None,
-    trust_remote_code: bool,
-    cpu_threads: int,
-) -> list[str]:
-    """The command line of a model server: the built-in one, or a configured template."""
-    if backend == "builtin":
-        argv = [
-            sys.executable,
-            "-m",
-            "gswarm_tasks.model_server",
-            "--model-path",
-            str(model_path),
-            "--model-name",
-            model_name,
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--device",
-            device,
-            "--task",
-            str(config.get("task", "auto")),
-        ]
-        if config.get("max_batch_size"):
-            argv += ["--max-batch-size", str(int(config["max_batch_size"]))]
-        argv += ["--threads", str(int(config.get("threads", cpu_threads)))]
-        if trust_remote_code:
-            argv.append("--trust-remote-code")
-        return argv
-    if backend == "command":
-        template = config.get("command") or command_template
-        if not template:
-            raise InvalidRequest("config.command: the command backend needs a template (or GSWARM_SERVE_COMMAND)")
-        values = {
-            "path": str(model_path),
-            "port": port,
-            "host": host,
-            "model": model_name,
-            "device": device,
-            "python": sys.executable,
-        }
-        try:
-            return [part.format(**values) for part in shlex.split(str(template))]
-        except (KeyError, IndexError, ValueError) as exc:
-            raise InvalidRequest(f"config.command: bad template: {exc}", {"field": "config.command"}) from exc
-    raise InvalidRequest(f"config.backend: {backend!r} is not builtin or command", {"field": "config.backend"})
+def server_env(
+    gpu: int | list[int] | None = None, *, cpu: bool = False, extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The whole environment of a model server: none of the node worker's (no broker URL, no GSWARM_* settings, no
+    tokens), only what a server needs to find its programs and stay offline, and the devices it may use (its own
+    GPUs only, from device 0: several for tensor parallelism)."""
+    env = {k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)}
+    env.setdefault("PATH", os.defpath)
+    env.setdefault("LANG", "C.UTF-8")
+    env.update(OFFLINE_ENV)
+    if gpu is not None or cpu:  # a server sees its own GPUs only, or none
+        gpus = [gpu] if isinstance(gpu, int) else list(gpu or [])
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    env.update(extra or {})
+    return env
+
+
+PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "LD_LIBRARY_PATH")
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
 
 
 class ServiceMonitor:

@@ -13,9 +13,12 @@ from typing import Any
 import yaml
 
 from . import defaults
+from .config_keys import check_keys, parse_nodes
 from .devices import validate_node_name
+from .engines import parse_engines
 from .errors import ConfigError
 
+ADMIN_TOKEN_MIN_CHARS = 32  # an admin token runs anything on the fleet: long enough that guessing is hopeless
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 
@@ -80,6 +83,33 @@ def _opt_str(v: Any) -> str | None:
     return None if v is None or v == "" else str(v)
 
 
+def _output_format(v: Any) -> str:
+    if str(v) not in ("gswarm", "original"):
+        raise ValueError(f"{v!r}: gswarm or original")
+    return str(v)
+
+
+def _budget(v: Any) -> float:
+    """A share of memory (`50%`) as a fraction, else a size in bytes."""
+    text = str(v).strip()
+    if text.endswith("%"):
+        share = float(text[:-1]) / 100
+        if not 0 <= share <= 1:
+            raise ValueError(f"{v!r}: a share from 0% to 100%")
+        return share
+    size = float(parse_size(v))
+    if size != 0 and size <= 1:
+        raise ValueError(f"{v!r}: bytes (more than 1), or a share such as 50%")
+    return size
+
+
+def _removed_serve_command(v: Any) -> None:
+    raise ValueError(
+        "serving.command (GSWARM_SERVE_COMMAND) was removed: name the command as a preset under "
+        'serving.engines (e.g. `serving: {engines: {mine: "vllm serve {path} --port {port}"}}`)'
+    )
+
+
 OPTIONS: tuple[Option, ...] = (
     Option("home", "GSWARM_HOME", None, str, "State directory: database, token, logs, local storage (~/.gswarm)"),
     Option("config_file", "GSWARM_CONFIG", None, _opt_str, "Config file (default $GSWARM_HOME/config.yaml)"),
@@ -97,8 +127,37 @@ OPTIONS: tuple[Option, ...] = (
         _opt_str,
         "Redis URL: broker, results, streams (`gswarm up` embeds one when unset)",
     ),
-    Option("api_host", "GSWARM_API_HOST", "cluster.host", str, "Address the API binds to (127.0.0.1)"),
-    Option("api_port", "GSWARM_API_PORT", "cluster.port", int, "Port of the API (8091)"),
+    Option(
+        "api_host",
+        "GSWARM_API_HOST",
+        "cluster.host",
+        str,
+        "The host's address: the API and `gswarm host start`'s broker bind to it, the CLI calls it, `gswarm client"
+        " connect` without an address joins it (127.0.0.1)",
+    ),
+    Option(
+        "broker_port",
+        "GSWARM_BROKER_PORT",
+        "cluster.port",
+        int,
+        "Port nodes join at (the original's 8090): `gswarm host start` puts its embedded Redis there and `gswarm"
+        " client connect HOST` connects there (8090)",
+    ),
+    Option("api_port", "GSWARM_API_PORT", "cluster.http_port", int, "Port of the API and dashboard (8091)"),
+    Option(
+        "model_port",
+        "GSWARM_MODEL_API_PORT",
+        "cluster.model_port",
+        int,
+        "A second port of the same API, for clients of the original's model API (9010; 0: none)",
+    ),
+    Option(
+        "join_token",
+        "GSWARM_JOIN_TOKEN",
+        "cluster.join_token",
+        _opt_str,
+        "The broker's credential `gswarm client connect HOST:PORT` joins with: the host's $GSWARM_HOME/redis.password",
+    ),
     Option("api_url", "GSWARM_API_URL", "cluster.api_url", _opt_str, "API the CLI talks to (http://127.0.0.1:8091)"),
     Option("token", "GSWARM_TOKEN", None, _opt_str, "Bearer token the CLI sends (default: $GSWARM_HOME/token)"),
     Option(
@@ -106,7 +165,7 @@ OPTIONS: tuple[Option, ...] = (
         "GSWARM_ADMIN_TOKEN",
         "auth.admin_token",
         _opt_str,
-        "A fixed admin token the API accepts besides the ones in its database (for clusters)",
+        "A fixed admin token the API accepts besides the ones in its database (for clusters; at least 32 characters)",
     ),
     Option(
         "node_name",
@@ -134,14 +193,15 @@ OPTIONS: tuple[Option, ...] = (
         "GSWARM_DRAM_ROOT",
         "models.dram_path",
         _opt_str,
-        "tmpfs directory of the `dram` tier (default /dev/shm/gswarm/<node>)",
+        "tmpfs directory of the `dram` tier, private to the node's user (default /dev/shm/gswarm-<uid>/<node>)",
     ),
     Option(
         "cache_size",
         "GSWARM_MODELS_CACHE_SIZE",
         "models.cache_size",
         parse_size,
-        "Bytes of storage the node may use for models (`100GB` style accepted)",
+        "Bytes the models on a node's disk tier may take together (`100GB` style accepted; 0: no limit); a download, "
+        "copy or move that would pass it fails with RESOURCE_UNAVAILABLE and keeps nothing (0)",
     ),
     Option(
         "heartbeat_interval_s",
@@ -306,18 +366,135 @@ OPTIONS: tuple[Option, ...] = (
         "Threads of one built-in model server's forward passes (1; 0: torch's default, every core)",
     ),
     Option(
+        "serve_engines",
+        "GSWARM_SERVE_ENGINES",
+        "serving.engines",
+        parse_engines,
+        "This node's serving presets besides the defaults (builtin, vllm, sglang, tgi, llama.cpp): name -> command "
+        "line with {path} {host} {port} {model} {python}, or a mapping (command, params, health_path, key_env, "
+        "routes); JSON in the environment",
+    ),
+    Option(
         "serve_command",
         "GSWARM_SERVE_COMMAND",
         "serving.command",
-        _opt_str,
-        "Command template of the `command` backend, e.g. `vllm serve {path} --port {port}`",
+        _removed_serve_command,
+        "Removed: a command is a named preset in serving.engines; setting this is an error",
+    ),
+    Option(
+        "serve_cold_start_waiters",
+        "GSWARM_SERVE_COLD_START_WAITERS",
+        "serving.cold_start_waiters",
+        int,
+        "Gateway requests one web process lets wait on cold starts at once (16; fewer than its threads under a "
+        "threaded server); the rest get 503 with Retry-After",
+    ),
+    Option(
+        "serve_scale_up_delay_s",
+        "GSWARM_SERVE_SCALE_UP_DELAY",
+        "serving.scale_up_delay",
+        float,
+        "Seconds an autoscaled service's load must stay above its target before replicas are added (2)",
+    ),
+    Option(
+        "serve_scale_down_delay_s",
+        "GSWARM_SERVE_SCALE_DOWN_DELAY",
+        "serving.scale_down_delay",
+        float,
+        "Seconds its load must stay below what fewer replicas carry before one is drained and stopped (30)",
+    ),
+    Option(
+        "serve_autoscale_interval_s",
+        "GSWARM_SERVE_AUTOSCALE_INTERVAL",
+        "serving.autoscale_interval",
+        float,
+        "Seconds between the autoscaler's samples of the gateway's live counts (0.5)",
+    ),
+    Option(
+        "serve_drain_timeout_s",
+        "GSWARM_SERVE_DRAIN_TIMEOUT",
+        "serving.drain_timeout",
+        float,
+        "Seconds a replica being scaled down may finish its requests before it is stopped anyway (600)",
+    ),
+    Option(
+        "serve_dram_budget",
+        "GSWARM_SERVE_DRAM_BUDGET",
+        "serving.dram_budget",
+        _budget,
+        "Model weights a node's DRAM keeps staged for the next scale-up after a replica is scaled down: bytes "
+        "(64GiB) or a share of the node's memory (50%, the default)",
+    ),
+    Option(
+        "serve_warm_start",
+        "GSWARM_SERVE_WARM_START",
+        "serving.warm_start",
+        parse_bool,
+        "Start built-in servers from a process that has their libraries imported (true): seconds faster",
     ),
     Option(
         "data_allowed_hosts",
         "GSWARM_DATA_ALLOWED_HOSTS",
         "data.allowed_hosts",
         _hosts,
-        "Hosts (`host` or `host:port`, comma-separated) `http(s)://` data sources may come from (none by default)",
+        "Hosts (`host`, `host:port`, an address or a network such as `10.0.0.0/8`; comma-separated) `http(s)://` data"
+        " sources may come from; a name that resolves to a private address needs that address listed too"
+        " (none by default)",
+    ),
+    Option(
+        "workflows_allowed_hosts",
+        "GSWARM_WORKFLOWS_ALLOWED_HOSTS",
+        "workflows.allowed_hosts",
+        _hosts,
+        "Hosts (`host`, `host:port`, an address or a network) a workflow's health_check and inference may call"
+        " besides the services' replicas (none by default)",
+    ),
+    Option(
+        "profiling_export_max_readings",
+        "GSWARM_PROFILING_EXPORT_MAX_READINGS",
+        "profiling.export_max_readings",
+        int,
+        "Most readings (a GPU's or a host's, at one time) one page of a profiler export holds (the rest follow"
+        " with `cursor`), and one plot reads (a longer window is refused with 422: plot a part with `start` and"
+        " `end`) (100000)",
+    ),
+    Option(
+        "profiling_output_dir",
+        "GSWARM_PROFILING_OUTPUT_DIR",
+        "profiling.output_dir",
+        _opt_str,
+        "Where a stopped session's `<name>.json` is written: by the control worker (default $GSWARM_HOME/profiler)"
+        " and by `gswarm profiler stop` (default the current directory)",
+    ),
+    Option(
+        "profiling_output_format",
+        "GSWARM_PROFILING_OUTPUT_FORMAT",
+        "profiling.output_format",
+        _output_format,
+        "Layout of the `<name>.json` a stop writes: gswarm (the export) or original (the original gswarm's) (gswarm)",
+    ),
+    Option(
+        "profiling_archive_interval_s",
+        "GSWARM_PROFILING_ARCHIVE_INTERVAL",
+        "profiling.archive_interval",
+        float,
+        "Seconds a frame waits in its node's stream before the control worker archives it, with the frames after"
+        " it, while a session covers the node (30)",
+    ),
+    Option(
+        "profiling_archive_segment_frames",
+        "GSWARM_PROFILING_ARCHIVE_SEGMENT_FRAMES",
+        "profiling.archive_segment_frames",
+        int,
+        "Most frames in one archived segment (one compressed row) (2000)",
+    ),
+    Option(
+        "profiling_stream_max_frames",
+        "GSWARM_PROFILING_STREAM_MAX_FRAMES",
+        "profiling.stream_max_frames",
+        int,
+        "Frames a node's stream keeps (about; the node trims it as it adds): the buffer the archive is made from"
+        " (200000: 55 h at 1 Hz, 5.5 h at 10 Hz)",
     ),
     Option(
         "data_max_inline",
@@ -397,6 +574,9 @@ class Settings:
     redis_url: str | None = None
     api_host: str = defaults.API_HOST
     api_port: int = defaults.API_PORT
+    broker_port: int = 8090
+    model_port: int = 9010
+    join_token: str | None = None
     api_url: str | None = None
     token: str | None = None
     admin_token: str | None = None
@@ -404,7 +584,7 @@ class Settings:
     node_address: str | None = None
     storage_root: str | None = None
     dram_root: str | None = None
-    cache_size: int = 100 * 10**9
+    cache_size: int = 0
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
     heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S
     offline_after_s: float = defaults.OFFLINE_AFTER_S
@@ -428,8 +608,23 @@ class Settings:
     serve_ready_timeout_s: float = 300.0
     serve_check_interval_s: float = 10.0
     serve_cpu_threads: int = 1
-    serve_command: str | None = None
+    serve_engines: dict[str, Any] = field(default_factory=dict)
+    serve_command: None = None
+    serve_cold_start_waiters: int = 16
+    serve_scale_up_delay_s: float = 2.0
+    serve_scale_down_delay_s: float = 30.0
+    serve_autoscale_interval_s: float = 0.5
+    serve_drain_timeout_s: float = 600.0
+    serve_dram_budget: float = 0.5  # above 1: bytes; at most 1: a share of the node's memory
+    serve_warm_start: bool = True
     data_allowed_hosts: tuple[str, ...] = ()
+    workflows_allowed_hosts: tuple[str, ...] = ()
+    profiling_export_max_readings: int = 100_000
+    profiling_output_dir: str | None = None
+    profiling_output_format: str = "gswarm"
+    profiling_archive_interval_s: float = 30.0
+    profiling_archive_segment_frames: int = 2000
+    profiling_stream_max_frames: int = 200_000
     data_max_inline: int = 16 * 1024 * 1024
     data_inline_max_bytes: int = defaults.DATA_INLINE_MAX_BYTES
     data_batch_max_count: int = defaults.DATA_BATCH_MAX_COUNT
@@ -472,7 +667,12 @@ class Settings:
     def effective_dram_root(self, node: str | None = None) -> Path:
         if self.dram_root:
             return Path(self.dram_root).expanduser()
-        return Path("/dev/shm/gswarm") / (node or self.effective_node_name)
+        # Per user: a shared path another user could create first (or plant as a symlink) is never the default.
+        return Path("/dev/shm") / f"gswarm-{os.geteuid()}" / (node or self.effective_node_name)
+
+    def effective_dram_anchor(self) -> Path:
+        """The existing directory the dram root is made in (privately): the tmpfs, or a configured root's parent."""
+        return Path(self.dram_root).expanduser().parent if self.dram_root else Path("/dev/shm")
 
     def read_token(self) -> str | None:
         if self.token:
@@ -514,6 +714,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             raise ConfigError(f"{config_file}: not valid YAML: {exc}") from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"{config_file}: the top level must be a mapping")
+        check_keys(loaded, (o.path for o in OPTIONS if o.path), config_file)
         doc = loaded
     elif env.get("GSWARM_CONFIG"):
         raise ConfigError(f"GSWARM_CONFIG names {config_file}, which does not exist", {"field": "GSWARM_CONFIG"})
@@ -529,16 +730,16 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         if env.get(opt.env) not in (None, ""):
             values[opt.name] = _parse(opt, env[opt.env], opt.env)
 
-    nodes = doc.get("nodes") or []
-    if not isinstance(nodes, list):
-        raise ConfigError(f"{config_file}: `nodes` must be a list")
-    for i, node in enumerate(nodes):
-        if not isinstance(node, dict) or "name" not in node:
-            raise ConfigError(f"{config_file}: nodes[{i}] needs a `name`")
-        validate_node_name(node["name"], f"nodes[{i}].name")
+    nodes = parse_nodes(doc.get("nodes"), config_file, parse_size)
     settings = Settings(**values, nodes=nodes, raw=doc)
     if settings.node_name:
         validate_node_name(settings.node_name, "GSWARM_NODE_NAME")
+    if settings.admin_token is not None and len(settings.admin_token) < ADMIN_TOKEN_MIN_CHARS:
+        raise ConfigError(
+            f"GSWARM_ADMIN_TOKEN has {len(settings.admin_token)} characters; an admin token needs at least"
+            f" {ADMIN_TOKEN_MIN_CHARS} (for example `openssl rand -hex 24`)",
+            {"field": "GSWARM_ADMIN_TOKEN"},
+        )
     if settings.visibility_timeout_s <= settings.task_timeout_s:
         raise ConfigError(
             "queue.visibility_timeout must exceed queue.task_timeout, or Redis redelivers tasks that are still running",

@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlparse
 
 from .errors import InvalidRequest, NetworkError, NotFound, VerificationError
 from .storage import iter_files, verified_copy
+from .urls import parse_url
 
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _REV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
@@ -41,15 +42,9 @@ def parse_source(url: str, allowed_roots: Sequence[str], field: str = "source_ur
         rest = url[5:]
         repo, _, at = rest.partition("@")
         return _hf(repo, at or None, url, field)
+    if url.split(":", 1)[0].lower() in ("http", "https"):
+        return _hf_url(url, field)
     parsed = urlparse(url)
-    if parsed.scheme == "https" and parsed.hostname in HF_HOSTS:
-        parts = [p for p in parsed.path.split("/") if p]
-        if len(parts) < 2:
-            raise InvalidRequest(f"{field}: {url!r} does not name a repository", {"field": field, "value": url})
-        rev: str | None = None
-        if len(parts) >= 4 and parts[2] in ("tree", "resolve"):
-            rev = "/".join(parts[3:])
-        return _hf(f"{parts[0]}/{parts[1]}", rev, url, field)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):
             raise InvalidRequest(f"{field}: file URLs must be local (file:///path)", {"field": field, "value": url})
@@ -66,6 +61,32 @@ def parse_source(url: str, allowed_roots: Sequence[str], field: str = "source_ur
         f"{field}: scheme of {url!r} is not allowed (hf://, https://huggingface.co/..., file:///...)",
         {"field": field, "value": url},
     )
+
+
+def hub_origins() -> tuple[str, ...]:
+    """The origins a repository URL may name: the hub's (https), and the configured HF_ENDPOINT's."""
+    hub = tuple(f"https://{h}:443" for h in HF_HOSTS)
+    endpoint = os.environ.get("HF_ENDPOINT")
+    return (*hub, parse_url(endpoint, "HF_ENDPOINT").origin) if endpoint else hub
+
+
+def _hf_url(url: str, field: str) -> Source:
+    """`https://huggingface.co/org/repo[/tree/rev]` (or on the HF_ENDPOINT's host): names a repository, which the
+    nodes download from the configured endpoint; the URL itself is never fetched."""
+    parsed = parse_url(url, field)
+    origins = hub_origins()
+    if parsed.origin not in origins:
+        shown = ", ".join(o.removesuffix(":443") for o in origins)
+        raise InvalidRequest(
+            f"{field}: {parsed.origin!r} is not the Hugging Face hub ({shown})", {"field": field, "value": url}
+        )
+    parts = [p for p in parsed.target.split("?", 1)[0].split("/") if p]
+    if len(parts) < 2:
+        raise InvalidRequest(f"{field}: {url!r} does not name a repository", {"field": field, "value": url})
+    rev: str | None = None
+    if len(parts) >= 4 and parts[2] in ("tree", "resolve"):
+        rev = "/".join(parts[3:])
+    return _hf(f"{parts[0]}/{parts[1]}", rev, url, field)
 
 
 def _hf(repo: str, rev: str | None, url: str, field: str) -> Source:

@@ -15,6 +15,7 @@ import os
 import random
 import threading
 import time
+from contextlib import ExitStack
 from typing import Any
 
 import redis
@@ -24,13 +25,16 @@ from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 from . import names
 from .actions import recorded_outputs, resolve, run_action
 from .celery_app import NodeTask, app
+from .context import require_node
 from .errors import Cancelled, GswarmError, InvalidRequest, LeaseBusy, TaskFailed, error_dict
-from .locks import device_leases
+from .locks import device_leases, model_leases
+from .model_tasks import lease_tiers
 from .reporting import redis_of, report
 
 log = logging.getLogger(__name__)
 
 STARTED_AFTER_S = 0.02
+MODEL_ACTIONS = ("download", "copy", "move", "delete")
 
 
 class _Announcer:
@@ -108,13 +112,20 @@ def _prologue(task: Task, client: redis.Redis, spec: dict[str, Any]) -> tuple[di
     return spec, bool(cancelled), done
 
 
-def _run_leased(task: Task, client: redis.Redis, spec: dict[str, Any], attempt: int) -> tuple[Any, float, float]:
-    """Resolve references, hold the step's devices and run it; (result, started_at, finished_at)."""
+def _run_leased(
+    task: Task, client: redis.Redis, spec: dict[str, Any], attempt: int, held: ExitStack
+) -> tuple[Any, float, float]:
+    """Resolve references, hold the step's devices and run it; (result, started_at, finished_at). The model copies
+    it writes stay held in `held` until the caller has reported the outcome."""
     params = spec["params"]
     outputs: dict[str, dict[str, Any]] | None = None
     if "${" in json.dumps(params):
         outputs = recorded_outputs(client, spec["workflow_id"])
         params = resolve(params, outputs)
+    node = require_node().name if spec["action_type"] in MODEL_ACTIONS else ""
+    tiers = lease_tiers(node, spec["action_type"], params) if node else []
+    if tiers:
+        held.enter_context(model_leases(client, node, tiers, str(params["model_name"]), spec["task_id"], wait=False))
     # A step that waits for its device is not running yet: it reports `started` once it holds it.
     with device_leases(client, spec.get("exclusive") or [], owner=spec["task_id"], wait=False):
         started_at = time.time()
@@ -173,15 +184,24 @@ def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
         previous = json.loads(done)
         emit(client, spec, "succeeded", outputs=previous, redelivered=True)
         return dict(previous)
+    with ExitStack() as held:
+        return _run_and_report(self, client, spec, attempt, held)
+
+
+def _run_and_report(
+    self: Task, client: redis.Redis, spec: dict[str, Any], attempt: int, held: ExitStack
+) -> dict[str, Any] | None:
+    """Run the step and report its outcome (what `held` holds is released after the report)."""
     try:
-        result, started_at, finished_at = _run_leased(self, client, spec, attempt)
+        result, started_at, finished_at = _run_leased(self, client, spec, attempt, held)
     except Cancelled as exc:
         emit(client, spec, "cancelled", reason=str(exc))
         _stop_chain(self)
         return None
     except LeaseBusy:
         # The device is busy: give the worker slot back and come back shortly, same id, same chain, same
-        # retry count (waiting is not a failure), far under the visibility timeout.
+        # retry count (waiting is not a failure, nor a redelivery), far under the visibility timeout.
+        client.decr(names.deliveries_key(str(self.request.id), int(self.request.retries or 0)))
         self.signature_from_request(countdown=0.05 + random.random() * 0.2).apply_async()
         _stop_chain(self)
         raise Ignore() from None

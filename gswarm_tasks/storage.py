@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import mmap
@@ -21,6 +22,7 @@ from .devices import FILE_TIERS, Device, file_path, safe_name
 from .errors import InvalidRequest, ResourceUnavailable, VerificationError
 
 MANIFEST_FILE = ".gswarm-manifest.json"
+RESERVED_FILE = ".gswarm-reserved"  # in a staging directory: the bytes its operation counted against the quota
 STAGING = ".staging"
 CHUNK = 8 * 1024 * 1024
 HASH_BLOCK = 16 * 1024 * 1024  # the unit of transfer ranges and of per-block hashes
@@ -77,7 +79,7 @@ def iter_files(root: Path) -> Iterator[tuple[str, Path]]:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in (STAGING, ".cache"))
         for name in sorted(filenames):
-            if name == MANIFEST_FILE or name.endswith(".gswarm-part"):
+            if name in (MANIFEST_FILE, RESERVED_FILE) or name.endswith(".gswarm-part"):
                 continue
             p = Path(dirpath) / name
             if p.is_file() and not p.is_symlink():
@@ -231,8 +233,29 @@ def copy_tree_verified(
         verified_copy(file_path(src_root, entry["path"]), file_path(dst_root, entry["path"]), entry, progress)
 
 
-def install(staging: Path, final: Path) -> None:
-    """Move a complete staging directory into place atomically; an older copy is replaced, never mixed."""
+def check_tree(root: Path, manifest: dict[str, Any], hashed: bool = True) -> None:
+    """`root` holds exactly the manifest's files, each of its size, and (unless the caller hashed each file against
+    this manifest as it was written: `hashed`) of its hash; VerificationError naming the first that is not."""
+    want = {f["path"]: f for f in manifest["files"]}
+    have = dict(iter_files(root))
+    extra = sorted(set(have) - set(want))
+    if extra:
+        raise VerificationError(f"{extra[0]}: not in the manifest", {"file": extra[0], "extra": extra[:20]})
+    for rel, entry in want.items():
+        path = have.get(rel)
+        if path is None:
+            raise VerificationError(f"{rel}: missing", {"file": rel})
+        if path.stat().st_size != entry["size"]:
+            raise VerificationError(f"{rel}: size {path.stat().st_size} != {entry['size']}", {"file": rel})
+        if not hashed:
+            check_file(path, entry, rel)
+
+
+def install(staging: Path, final: Path, manifest: dict[str, Any], hashed: bool = True) -> None:
+    """Move a complete staging directory into place atomically, once it holds exactly the manifest's files
+    (`check_tree`); an older copy is replaced, never mixed, and nothing is replaced when the check fails."""
+    check_tree(staging, manifest, hashed)
+    (staging / RESERVED_FILE).unlink(missing_ok=True)
     final.parent.mkdir(parents=True, exist_ok=True)
     if final.exists():
         trash = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
@@ -254,3 +277,28 @@ def remove_tree(path: Path) -> bool:
 
 def tree_size(root: Path) -> int:
     return sum(p.stat().st_size for _, p in iter_files(root))
+
+
+def reserve(models: Path, staging: Path, need: int, cap: int, name: str) -> None:
+    """Count `need` bytes for model `name` against `cap` (models.cache_size) before they are written: the models kept
+    under `models` (less the copy of `name` it replaces) and what other operations under way reserved must leave
+    room. The check and the reservation (a file in `staging`) are one step under a lock that every process of the
+    node takes, so two operations cannot both take the last room. RESOURCE_UNAVAILABLE when there is none."""
+    if cap <= 0:
+        return
+    staging.mkdir(parents=True, exist_ok=True)
+    models.parent.mkdir(parents=True, exist_ok=True)
+    with open(models.parent / ".gswarm-quota.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        kept = sum(tree_size(d) for d in models.iterdir() if d.is_dir() and d.name != name) if models.is_dir() else 0
+        reserved = 0
+        for other in staging.parent.iterdir():
+            if other != staging and (other / RESERVED_FILE).is_file():
+                reserved += int((other / RESERVED_FILE).read_text() or 0)
+        if kept + reserved + need > cap:
+            raise ResourceUnavailable(
+                f"models.cache_size: {name} needs {need} bytes, and the models on this disk take {kept} (and "
+                f"{reserved} more are on their way) of {cap}; delete a copy or raise models.cache_size",
+                {"field": "models.cache_size", "need_bytes": need, "used_bytes": kept + reserved, "cap_bytes": cap},
+            )
+        (staging / RESERVED_FILE).write_text(str(need))

@@ -58,6 +58,8 @@ def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     """Build the control-plane app from settings (default: loaded from config file and environment)."""
     from .api import BLUEPRINTS
     from .api.auth import init_auth
+    from .api.limits import limit_json_depth
+    from .api.strict import refuse_unknown_input, strict_query_strings
     from .dashboard import bp as dashboard
     from .errors import register_error_handlers
     from .extensions import api, db
@@ -77,10 +79,18 @@ def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     api.init_app(app)
     app.extensions["gswarm_api"] = api
     register_error_handlers(app)
+    limit_json_depth(app)  # before every hook that parses JSON
     init_auth(app)
+    strict_query_strings()
     for blp in BLUEPRINTS:
         api.register_blueprint(blp)
+    refuse_unknown_input(app, {blp.name for blp in BLUEPRINTS})
     app.register_blueprint(dashboard)
+    from .api.events import init_events
+    from .control.events import install as publish_changes
+
+    init_events(app)  # the WebSocket at /api/v1/events
+    publish_changes()
     from .api.gateway import FastPath
 
     app.wsgi_app = FastPath(app)  # type: ignore[method-assign]

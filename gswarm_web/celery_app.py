@@ -22,7 +22,8 @@ from gswarm_tasks.celery_app import app as celery
 from gswarm_tasks.celery_app import settings_of
 
 from . import create_app
-from .control import chunk_state, dispatch, node_state, reconciler, service_state, task_state
+from .control import chunk_collector, dispatch, node_state, reconciler, service_state, task_state
+from .control.autoscaler import AutoscalerLoop
 from .control.frames import frames_consumer
 from .control.intake import Intake
 from .control.streams import StreamConsumer
@@ -45,14 +46,16 @@ def sweep_nodes() -> list[list[str]]:
 
 @celery.task(name=names.SWEEP_OUTBOX, base=ControlTask)
 def sweep_outbox() -> int:
-    """Send what was decided but never reached the broker: workflow chains and operations."""
-    return dispatcher.resend_undispatched() + dispatch.resend_unsent()
+    """Send what was decided but never reached the broker (workflow chains, operations), and the operations whose
+    message reached it but no node (one taken by a worker killed in its read) for two heartbeat timeouts."""
+    sent = dispatcher.resend_undispatched() + dispatch.resend_unsent()
+    return sent + dispatch.resend_untaken(2 * settings.heartbeat_timeout_s)
 
 
 @celery.task(name=names.DATA_GC, base=ControlTask)
 def data_gc() -> dict[str, int]:
     """Collect unreferenced intermediate chunks past their TTL, then bring dram tiers under capacity."""
-    done = chunk_state.collect_garbage()
+    done = chunk_collector.collect_garbage()
     dispatch.send_recorded()
     return done
 
@@ -106,7 +109,8 @@ def heartbeats_consumer(consumer: str) -> StreamConsumer:
 ControlConsumers.builders = [
     heartbeats_consumer,
     reports_consumer,
-    lambda consumer: frames_consumer(settings.effective_redis_url, consumer),
+    lambda consumer: frames_consumer(settings.effective_redis_url, consumer, flask_app),
+    lambda consumer: AutoscalerLoop(flask_app, consumer),
 ]
 celery.steps["worker"].add(ControlConsumers)
 

@@ -5,6 +5,7 @@ step left a GPU (or a CPU pipeline) idle. A session without GPUs gets the host p
 from __future__ import annotations
 
 import io
+import math
 from collections import defaultdict
 from datetime import datetime
 from typing import Any
@@ -39,14 +40,20 @@ def _lines(ax: Axes, series: Series, t0: float, scale: float = 1.0, suffix: str 
         ax.plot([t - t0 for t in ts], [v / scale for v in vs], style, label=f"{name}{suffix}", linewidth=1)
 
 
+HEATMAP_COLUMNS = 2000  # time buckets: a figure has no more pixels than that, and the grid stays small
+
+
 def _heatmap(fig: Figure, ax: Axes, frames: list[dict[str, Any]], util: Series, t0: float) -> None:
     gids = sorted(util)
-    times = sorted({f["time"] for f in frames})
-    index = {t: i for i, t in enumerate(times)}
-    grid = [[float("nan")] * len(times) for _ in gids]
+    first, last = min(f["time"] for f in frames), max(f["time"] for f in frames)
+    cols = min(HEATMAP_COLUMNS, len({f["time"] for f in frames}))
+    span = (last - first) or 1.0
+    grid = [[float("nan")] * cols for _ in gids]
     for r, gid in enumerate(gids):
         for t, v in zip(*util[gid], strict=False):
-            grid[r][index[t]] = v
+            col = min(cols - 1, int((t - first) / span * cols))
+            cell = grid[r][col]
+            grid[r][col] = v if math.isnan(cell) else max(cell, v)  # a bucket shows its busiest reading
     im = ax.imshow(
         grid,
         aspect="auto",
@@ -54,7 +61,7 @@ def _heatmap(fig: Figure, ax: Axes, frames: list[dict[str, Any]], util: Series, 
         vmin=0,
         vmax=100,
         interpolation="nearest",
-        extent=(0, (times[-1] - t0) if len(times) > 1 else 1, len(gids) - 0.5, -0.5),
+        extent=(first - t0, (last - t0) if last > first else 1, len(gids) - 0.5, -0.5),
     )
     ax.set_yticks(range(len(gids)), gids, fontsize=7)
     fig.colorbar(im, ax=ax, label="utilization (%)")

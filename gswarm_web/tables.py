@@ -153,6 +153,8 @@ class Service(db.Model):  # type: ignore[name-defined]
     status_message: Mapped[str | None] = mapped_column(String(2000))
     idle_timeout_s: Mapped[float | None] = mapped_column(Float)
     cold_start_timeout_s: Mapped[float] = mapped_column(Float, default=120.0, server_default="120")
+    # min_replicas, max_replicas, a target (target_in_flight or target_queue_wait_s) and the delays; None: fixed
+    autoscaling: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
@@ -179,12 +181,29 @@ class Replica(db.Model):  # type: ignore[name-defined]
     healthy: Mapped[bool | None] = mapped_column(db.Boolean)
     task_id: Mapped[str | None] = mapped_column(String(36))  # the operation it waits for (a copy, its start)
     placement: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    engine: Mapped[str | None] = mapped_column(String(32))  # the preset its node started (`auto` resolved)
+    draining_since: Mapped[datetime | None] = mapped_column(UTCDateTime)  # scaled down: no new request since
     last_check_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     service: Mapped[Service] = relationship(back_populates="members")
+
+
+class ScalingEvent(db.Model):  # type: ignore[name-defined]
+    """One change of an autoscaled service's replica count: when, from what to what, and why (the load seen)."""
+
+    __tablename__ = "scaling_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    service_id: Mapped[str] = mapped_column(ForeignKey("services.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    from_replicas: Mapped[int] = mapped_column(Integer)
+    to_replicas: Mapped[int] = mapped_column(Integer)
+    direction: Mapped[str] = mapped_column(String(8))  # up, down
+    reason: Mapped[str] = mapped_column(String(500))
+    load: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # in flight, waiting, queue wait: what it decided on
 
 
 class WorkflowRun(db.Model):  # type: ignore[name-defined]
@@ -262,6 +281,24 @@ class ProfilerSession(db.Model):  # type: ignore[name-defined]
     summary_by_device: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     summary_by_node: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     request_time_info: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    sealed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # its frames archived whole, its file written
+    output_file: Mapped[str | None] = mapped_column(String(1024))
+
+
+class ProfilerFrameSegment(db.Model):  # type: ignore[name-defined]
+    """Frames archived in stream order, zstd-compressed JSON lines: a node's stream (`session` "") or an imported
+    session's; the key is the first frame's stream id, so a frame is archived once whoever archives it."""
+
+    __tablename__ = "profiler_frame_segments"
+
+    session: Mapped[str] = mapped_column(String(128), primary_key=True)
+    node: Mapped[str] = mapped_column(String(255), primary_key=True)
+    first_ms: Mapped[int] = mapped_column(db.BigInteger, primary_key=True, autoincrement=False)
+    first_seq: Mapped[int] = mapped_column(db.BigInteger, primary_key=True, autoincrement=False)
+    last_ms: Mapped[int] = mapped_column(db.BigInteger)
+    last_seq: Mapped[int] = mapped_column(db.BigInteger)
+    frames: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(db.LargeBinary)
 
 
 class DataChunk(db.Model):  # type: ignore[name-defined]

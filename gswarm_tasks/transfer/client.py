@@ -1,4 +1,5 @@
-"""The pulling client: manifests, whole small files, and resumable multi-stream pulls verified block by block."""
+"""The pulling client: manifests, whole small files, and resumable multi-stream pulls verified block by block
+(optionally zstd-compressed on the wire: decompressed as received, hashed and written as identity bytes)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,17 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import blake3
+import zstandard
 
 from ..devices import file_path
 from ..errors import NetworkError, VerificationError
 from ..storage import HASH_BLOCK, MANIFEST_FILE
 from .ledger import Ledger
-from .server import FILES_ROOT
+from .server import FILES_ROOT, ZSTD
 from .verify import Verifier
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,7 @@ BUF = 1024 * 1024
 # writes, 0.6-2.0 s with 64 KiB ones). curl writes 16 KiB at a time.
 WRITE = 64 * 1024
 LEDGER_FILE = ".gswarm-transfer.json"
+COMPRESSIONS = ("none", ZSTD)  # what a pull may ask its source to do to the bytes on the wire
 
 
 def files_url(prefix: str, rel: str | None = None) -> str:
@@ -84,6 +87,19 @@ class RateLimiter:
             time.sleep(wait)
 
 
+class _Wire:
+    """A response read through this: counts the bytes that crossed the wire and paces them (for zstd bodies)."""
+
+    def __init__(self, resp: http.client.HTTPResponse, limiter: RateLimiter) -> None:
+        self.resp, self.limiter, self.count = resp, limiter, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.resp.read(size if size >= 0 else None)
+        self.count += len(data)
+        self.limiter.take(len(data))
+        return data
+
+
 @dataclass(frozen=True)
 class _Block:
     rel: str
@@ -125,9 +141,11 @@ class _Fetcher:
         self.limiter: RateLimiter = kw["limiter"]
         self.ledger: Ledger = kw["ledger"]
         self.progress: Callable[[int], None] | None = kw.get("progress")
+        self.compression: str = kw.get("compression") or "none"
         self.local = threading.local()
         self.lock = threading.Lock()
         self.fetched = 0
+        self.wire = 0  # bytes received on the wire (less than `fetched` when compression paid off)
         # One writer per file at a time. Buffered writes to one inode take its lock in the kernel, where the
         # other streams spin on its owner: on a small host that spinning took as much CPU as the copies
         # themselves (half of a 1 GiB pull's CPU time). Waiting here sleeps instead, while the other streams
@@ -143,14 +161,13 @@ class _Fetcher:
     def __call__(self, job: _Block) -> None:
         try:
             c = self._conn()
-            c.request(
-                "GET",
-                files_url(self.prefix, job.rel),
-                headers={
-                    "Authorization": f"Bearer {self.token}",
-                    "Range": f"bytes={job.offset}-{job.offset + job.length - 1}",
-                },
-            )
+            headers = {
+                "Authorization": f"Bearer {self.token}",
+                "Range": f"bytes={job.offset}-{job.offset + job.length - 1}",
+            }
+            if self.compression == ZSTD:
+                headers["Accept-Encoding"] = ZSTD
+            c.request("GET", files_url(self.prefix, job.rel), headers=headers)
             resp = c.getresponse()
             if resp.status in (401, 403, 404):
                 raise NetworkError(
@@ -158,7 +175,7 @@ class _Fetcher:
                 )
             if resp.status != 206:
                 raise NetworkError(f"source answered {resp.status} for a range of {job.rel}", {"file": job.rel})
-            self._receive(resp, job)
+            wire = self._receive(resp, job)
         except (OSError, http.client.HTTPException) as exc:
             self.local.conn = None
             raise NetworkError(
@@ -166,19 +183,31 @@ class _Fetcher:
             ) from exc
         with self.lock:
             self.fetched += job.length
+            self.wire += wire
         self.ledger.mark(job.rel, job.index)
 
-    def _receive(self, resp: http.client.HTTPResponse, job: _Block) -> None:
+    def _receive(self, resp: http.client.HTTPResponse, job: _Block) -> int:
+        """Write and hash one block as it arrives; the bytes it took on the wire."""
         buf = bytearray(min(BUF, job.length))
         mv = memoryview(buf)
         pos, left = job.offset, job.length
         hasher = blake3.blake3() if job.blake3 is not None else None  # verified while the bytes are in cache
         with self.lock:
             write_lock = self.write_locks.setdefault(job.path, threading.Lock())
+        encoding = (resp.getheader("Content-Encoding") or "").strip().lower()
+        if encoding not in ("", "identity", ZSTD):
+            raise NetworkError(f"source sent {job.rel} as {encoding!r}", {"file": job.rel})
+        wire = _Wire(resp, self.limiter) if encoding == ZSTD else None
+        body: Any = resp
+        if wire is not None:
+            body = zstandard.ZstdDecompressor().stream_reader(cast(Any, wire), read_across_frames=False, closefd=False)
         with open(job.path, "r+b", buffering=0) as f:
             fd = f.fileno()
             while left:
-                n = resp.readinto(mv[: min(len(buf), left)])
+                try:
+                    n = body.readinto(mv[: min(len(buf), left)])
+                except zstandard.ZstdError as exc:
+                    raise NetworkError(f"{job.rel}: a corrupt zstd stream: {exc}", {"file": job.rel}) from exc
                 if not n:
                     raise NetworkError(f"connection closed in the middle of {job.rel}", {"file": job.rel})
                 with write_lock:
@@ -188,15 +217,20 @@ class _Fetcher:
                     hasher.update(mv[:n])
                 pos += n
                 left -= n
-                self.limiter.take(n)
+                if wire is None:
+                    self.limiter.take(n)
                 if self.progress:
                     self.progress(n)
+        # The rest of the frame and of the chunked body: read, so the connection can carry the next range.
+        if wire is not None and (body.read(1) or wire.read()):
+            raise NetworkError(f"{job.rel}: the source sent more than the range", {"file": job.rel})
         if hasher is not None and hasher.hexdigest() != job.blake3:
             raise VerificationError(
                 f"{job.rel}: blake3 mismatch in block {job.index} (expected {str(job.blake3)[:16]}..., got "
                 f"{hasher.hexdigest()[:16]}...)",
                 {"file": job.rel, "algorithm": "blake3", "block": job.index},
             )
+        return wire.count if wire is not None else job.length
 
 
 def pull_files(
@@ -210,10 +244,13 @@ def pull_files(
     bandwidth_limit: float | None = None,
     progress: Callable[[int], None] | None = None,
     timeout_s: float = 30.0,
+    compression: str = "none",
+    stats: dict[str, int] | None = None,
 ) -> int:
     """Pull every manifest file into `dest`, in 16 MiB blocks over `streams` connections, verifying each.
 
-    Blocks already on disk from an interrupted pull are kept. Returns the bytes fetched now. A network
+    Blocks already on disk from an interrupted pull are kept. Returns the bytes fetched now (`stats` gets
+    `wire_bytes` too: fewer with `compression="zstd"`, which the source applies per range). A network
     failure raises NetworkError (retry resumes); a checksum mismatch raises VerificationError and removes
     the bad file.
     """
@@ -222,7 +259,7 @@ def pull_files(
     jobs = _plan(dest, manifest, ledger, progress)
     fetch = _Fetcher(
         address, port, token, remote_prefix, timeout_s,
-        limiter=RateLimiter(bandwidth_limit), ledger=ledger, progress=progress,
+        limiter=RateLimiter(bandwidth_limit), ledger=ledger, progress=progress, compression=compression,
     )  # fmt: skip
     verifier = Verifier(dest, manifest, ledger).start()
     pool = ThreadPoolExecutor(max_workers=max(1, streams))
@@ -247,4 +284,6 @@ def pull_files(
             ledger.forget(entry["path"])
             raise exc
     ledger.remove()
+    if stats is not None:
+        stats["wire_bytes"] = fetch.wire
     return fetch.fetched

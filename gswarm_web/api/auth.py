@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 
 from flask import Flask, current_app, g, request
 
-from gswarm_tasks.errors import Forbidden, InvalidRequest, Unauthorized
+from gswarm_tasks.errors import ConfigError, Forbidden, InvalidRequest, Unauthorized
+from gswarm_tasks.settings import ADMIN_TOKEN_MIN_CHARS
 
 from ..extensions import db
 from ..tables import ApiToken
@@ -34,6 +35,7 @@ PUBLIC_ENDPOINTS = frozenset(
         "static",
         "dashboard.index",
         "dashboard.static",
+        "events.events",  # the WebSocket authenticates itself: a browser sends its token in the first message
     }
 )
 
@@ -52,8 +54,18 @@ def create_token(name: str, role: str = "admin") -> str:
     return token
 
 
+def long_enough(token: str, role: str) -> bool:
+    """An admin token has at least ADMIN_TOKEN_MIN_CHARS characters; the others are generated."""
+    return role != "admin" or len(token) >= ADMIN_TOKEN_MIN_CHARS
+
+
 def ensure_token(name: str, token: str, role: str = "admin") -> None:
     """Record `token` (for instance one read from a token file) if it is not known yet."""
+    if not long_enough(token, role):
+        raise InvalidRequest(
+            f"token: an {role} token needs at least {ADMIN_TOKEN_MIN_CHARS} characters, this one has {len(token)}",
+            {"field": "token", "name": name},
+        )
     h = hash_token(token)
     if db.session.execute(db.select(ApiToken.id).where(ApiToken.token_hash == h)).first() is None:
         db.session.add(ApiToken(name=name, role=role, token_hash=h, prefix=token[:10]))
@@ -63,7 +75,8 @@ def ensure_token(name: str, token: str, role: str = "admin") -> None:
 def identity_of(token: str) -> tuple[str, str] | None:
     """(role, token name) of a valid token; None for an unknown or revoked one."""
     fixed = current_app.config.get("GSWARM_ADMIN_TOKEN")
-    if fixed and hmac.compare_digest(token.encode(), str(fixed).encode()):
+    # A short fixed token is refused at start-up; one set later (straight into the config) is still never accepted.
+    if fixed and long_enough(str(fixed), "admin") and hmac.compare_digest(token.encode(), str(fixed).encode()):
         return "admin", "admin-token"
     key = hash_token(token)
     with _known_lock:
@@ -101,6 +114,14 @@ def revoke_token(prefix: str) -> int:
 
 
 def init_auth(app: Flask) -> None:
+    fixed = app.config.get("GSWARM_ADMIN_TOKEN")
+    if fixed and not long_enough(str(fixed), "admin"):
+        raise ConfigError(
+            f"GSWARM_ADMIN_TOKEN has {len(str(fixed))} characters; an admin token needs at least"
+            f" {ADMIN_TOKEN_MIN_CHARS} (for example `openssl rand -hex 24`)",
+            {"field": "GSWARM_ADMIN_TOKEN"},
+        )
+
     @app.before_request
     def _authenticate() -> None:
         if not app.config.get("GSWARM_AUTH", True) or request.endpoint in PUBLIC_ENDPOINTS:

@@ -2,27 +2,42 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-import marshmallow as ma
 import requests
 from flask import Response, g, request, stream_with_context
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
-from gswarm_tasks import names
 from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import InvalidRequest, NetworkError, ResourceUnavailable
 from gswarm_tasks.storage import prefix as storage_prefix
 from gswarm_tasks.transfer.client import files_url
 
 from ..control import chunk_ops
-from ..control.chunk_state import get_chunk, holders, source_of, touch, usable_locations
-from ..control.dispatch import require_node
+from ..control.chunk_state import get_chunk, source_of, touch, usable_locations
+from ..control.devices import by_address, node_by_address
+from ..control.dispatch import read_token, require_node
+from ..control.queue_place import place
+from ..control.targets import resolve as resolve_tiers  # a bare tier: auto:<tier> (the batch has `targets`)
 from ..errors import ErrorSchema, error_response
 from ..extensions import db, settings
-from ..tables import ChunkLocation, DataChunk
-from .pagination import PageArgsSchema, PageSchema, page_of
+from ..tables import ChunkLocation, DataChunk, TaskRecord
+from .data_schemas import (
+    ChunkBatchCreatedSchema,
+    ChunkBatchSchema,
+    ChunkCopySchema,
+    ChunkCreatedSchema,
+    ChunkCreateSchema,
+    ChunkListArgsSchema,
+    ChunkListSchema,
+    ChunkOpSchema,
+    ChunkSchema,
+    DeleteArgsSchema,
+    PinSchema,
+)
+from .pagination import page_of
 
 CONTENT = {
     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
@@ -30,70 +45,23 @@ CONTENT = {
 }
 
 blp = Blueprint("data", __name__, url_prefix="/api/v1", description="The data pool")
-
-TYPES = ("input", "output", "intermediate")
-HOLDER = ma.validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$", error="letters, digits and _ . : @ - (up to 128)")
+URL_RE = re.compile(r"^(https?|s3|file)://", re.IGNORECASE)  # base64 has no ':', so a URL is never bytes
 
 
-class ChunkLocationSchema(ma.Schema):
-    device = ma.fields.String()
-    path = ma.fields.String(allow_none=True)
-    status = ma.fields.String()
+def _url_as_source(chunk: dict[str, Any]) -> dict[str, Any]:
+    """The original's `data: "base64_encoded_or_url"`: a URL given as `data` is the chunk's `source`."""
+    text = chunk.get("data")
+    if isinstance(text, str) and URL_RE.match(text.strip()):
+        if "source" in chunk:
+            raise InvalidRequest("data: a URL in `data` and a `source` too; give one", {"field": "data"})
+        chunk = {**{k: v for k, v in chunk.items() if k != "data"}, "source": text.strip()}
+    return chunk
 
 
-class ChunkSchema(ma.Schema):
-    chunk_id = ma.fields.String(attribute="id")
-    chunk_type = ma.fields.String()
-    size = ma.fields.Integer(allow_none=True)
-    format = ma.fields.String(allow_none=True)
-    status = ma.fields.String()
-    status_message = ma.fields.String(allow_none=True)
-    locations = ma.fields.List(ma.fields.Nested(ChunkLocationSchema))
-    references = ma.fields.Method("get_references")
-    metadata = ma.fields.Method("get_metadata")
-
-    def get_references(self, c: DataChunk) -> list[str]:
-        return holders(c)
-
-    def get_metadata(self, c: DataChunk) -> dict[str, Any]:
-        return {
-            **(c.meta or {}),
-            "created_by": c.created_by,
-            "created_at": c.created_at.isoformat(),
-            "last_accessed": c.last_accessed.isoformat() if c.last_accessed else None,
-            "access_count": c.access_count,
-            "checksum": c.checksum,
-            "blake3": c.blake3,
-            "format": c.format,
-            "size": c.size,
-        }
-
-
-class ChunkCreatedSchema(ChunkSchema):
-    task_id = ma.fields.String(allow_none=True)
-    deduplicated = ma.fields.Boolean()
-
-
-class ChunkCreateSchema(ma.Schema):
-    data = ma.fields.String(metadata={"description": "base64 bytes (up to data.max_inline, 16 MiB)"})
-    source = ma.fields.String(
-        metadata={"description": "file:///path under an allowed root, http(s):// to an allowed host, s3:// if enabled"}
-    )
-    type = ma.fields.String(load_default="input", validate=ma.validate.OneOf(TYPES))
-    format = ma.fields.String(validate=ma.validate.Length(max=32))
-    device = ma.fields.String(
-        load_default="auto", metadata={"description": "node:disk, node:dram, or auto / auto:dram / auto:disk (default)"}
-    )
-    metadata = ma.fields.Dict(load_default=dict)
-
-
-class ChunkListArgsSchema(PageArgsSchema):
-    device = ma.fields.String()
-    type = ma.fields.String(validate=ma.validate.OneOf(TYPES))
-
-
-class ChunkListSchema(PageSchema):
-    chunks = ma.fields.List(ma.fields.Nested(ChunkSchema))
+def _with_place(answer: dict[str, Any], task_id: str | None) -> dict[str, Any]:
+    """An operation's answer with its place in its node's queue."""
+    rec = db.session.get(TaskRecord, task_id) if task_id else None
+    return {**answer, **(place(rec) if rec is not None else {})}
 
 
 @blp.route("/data")
@@ -106,25 +74,24 @@ class Chunks(MethodView):
         if "type" in args:
             query = query.where(DataChunk.chunk_type == args["type"])
         if "device" in args:
+            device = by_address(args["device"], "device")
             query = query.where(
-                DataChunk.id.in_(db.select(ChunkLocation.chunk_id).where(ChunkLocation.device == args["device"]))
+                DataChunk.id.in_(db.select(ChunkLocation.chunk_id).where(ChunkLocation.device == device))
             )
         return page_of("chunks", query, args)
 
     @blp.arguments(ChunkCreateSchema)
     @blp.response(202, ChunkCreatedSchema)
     def post(self, args: dict[str, Any]) -> Any:
-        """Create a chunk from base64 `data` or a `source`; equal content on the same device is stored once"""
+        """Create a chunk from base64 `data` or a `source` (a URL in `data` is taken as its source): a chunk of its
+        own (id, type, metadata, lifetime) whose bytes, when equal bytes are already on the device, are shared with
+        them (`deduplicated`); the answer has its create's place in the node's queue"""
+        args = resolve_tiers(_url_as_source(args), "device")
         dev, decision = chunk_ops.data_target(args["device"])
         if ("data" in args) == ("source" in args):
             raise InvalidRequest("data: give either `data` (base64) or `source`", {"field": "data"})
         kwargs, checksum = chunk_ops.create_kwargs(args)
         require_node(str(dev.node), "device")
-        if checksum is not None:
-            same = chunk_ops.stored_copy(checksum, dev)
-            if same is not None:
-                same.deduplicated, same.task_id = True, None
-                return same, 200
         fields = {
             "chunk_type": args["type"],
             "format": args.get("format"),
@@ -132,39 +99,23 @@ class Chunks(MethodView):
             "created_by": f"api:{g.get('token_name') or 'anonymous'}",
             "checksum": checksum,
         }
-        return chunk_ops.create(dev, kwargs, fields, decision), 202
-
-
-class ChunkBatchSchema(ma.Schema):
-    chunks = ma.fields.List(
-        ma.fields.Nested(ChunkCreateSchema),
-        required=True,
-        metadata={"description": "chunks as `POST /data` takes them (up to data.batch_max_count)"},
-    )
-
-
-class ChunkBatchItemSchema(ma.Schema):
-    chunk_id = ma.fields.String()
-    status = ma.fields.String()
-    device = ma.fields.String()
-    task_id = ma.fields.String(allow_none=True)
-    deduplicated = ma.fields.Boolean()
-
-
-class ChunkBatchCreatedSchema(ma.Schema):
-    chunks = ma.fields.List(ma.fields.Nested(ChunkBatchItemSchema))
+        made = chunk_ops.create(dev, kwargs, fields, decision)
+        for key, value in _with_place({}, made.task_id).items():
+            setattr(made, key, value)
+        if "source" in args:
+            made.source = args["source"]
+        return made, 202
 
 
 @blp.route("/data/batch")
 class ChunkBatch(MethodView):
     @blp.arguments(ChunkBatchSchema)
     @blp.response(202, ChunkBatchCreatedSchema)
-    @blp.alt_response(200, schema=ChunkBatchCreatedSchema, description="Every chunk was stored already")
     def post(self, args: dict[str, Any]) -> Any:
         """Create many chunks in one request: each as `POST /data` would, all or none (one refused refuses the
         batch, naming it); answers every chunk's id, in order"""
         s = settings()
-        given = args["chunks"]
+        given = [resolve_tiers(_url_as_source(c), "device") for c in args["chunks"]]
         if not given:
             raise InvalidRequest("chunks: give at least one chunk", {"field": "chunks"})
         if len(given) > s.data_batch_max_count:
@@ -203,34 +154,11 @@ class ChunkBatch(MethodView):
             }
             items.append(chunk_ops.NewChunk(dev, kwargs, fields, decision))
         out = chunk_ops.create_many(items)
-        return {"chunks": out}, 200 if all(o["deduplicated"] for o in out) else 202
-
-
-class ChunkCopySchema(ma.Schema):
-    target_device = ma.fields.String(metadata={"description": "`node:tier`, or a tier (dram, disk)"})
-    target_node = ma.fields.String()
-    delete_source = ma.fields.Boolean(load_default=False)
-    priority = ma.fields.String(load_default="normal", validate=ma.validate.OneOf(names.PRIORITY_NAMES))
-
-
-class ChunkOpSchema(ma.Schema):
-    chunk_id = ma.fields.String()
-    task_id = ma.fields.String(allow_none=True)
-    source_device = ma.fields.String(allow_none=True)
-    target_device = ma.fields.String()
-    noop = ma.fields.Boolean()
-
-
-class DeleteArgsSchema(ma.Schema):
-    force = ma.fields.Boolean(load_default=False)
-
-
-class PinSchema(ma.Schema):
-    holder = ma.fields.String(load_default="api", validate=HOLDER)
+        return {"chunks": out}, 202
 
 
 def _data_device(text: str, field: str, default_node: str | None) -> Device:
-    return Device.parse(text, field=field, default_node=default_node).expect(field, files=True)
+    return Device.parse(by_address(text, field), field=field, default_node=default_node).expect(field, files=True)
 
 
 @blp.route("/data/<string:chunk_id>")
@@ -245,7 +173,7 @@ class ChunkById(MethodView):
     def delete(self, args: dict[str, Any], chunk_id: str) -> dict[str, Any]:
         """Delete a chunk and every copy of it (refused while it is pinned or used by a running workflow,
         unless force=true)"""
-        return {"tasks": chunk_ops.delete(get_chunk(chunk_id), args["force"])}
+        return {"tasks": chunk_ops.delete(get_chunk(chunk_id, locked=True), args["force"])}
 
 
 @blp.route("/data/<string:chunk_id>/content")
@@ -268,8 +196,8 @@ class ChunkContent(MethodView):
         if not locs:
             raise ResourceUnavailable(f"chunk {chunk_id} has no copy on a reachable node", {"chunk_id": chunk_id})
         loc = locs[0]
-        src = source_of(chunk, loc, dest_node="", ttl_s=300)
-        headers = {"Authorization": f"Bearer {src['token']}"}
+        src = source_of(chunk, loc, dest_node="")
+        headers = {"Authorization": f"Bearer {read_token(loc.node, src['prefix'], 300)}"}
         if request.headers.get("Range"):
             headers["Range"] = request.headers["Range"]
         url = f"http://{src['address']}:{src['port']}" + files_url(storage_prefix(loc.tier, "data", chunk.id))
@@ -316,9 +244,10 @@ class ChunkContent(MethodView):
 class ChunkMove(MethodView):
     @blp.arguments(ChunkCopySchema)
     @blp.response(202, ChunkOpSchema)
+    @blp.alt_response(200, schema=ChunkOpSchema, description="The copy exists already: nothing is sent (`noop`)")
     def post(self, args: dict[str, Any], chunk_id: str) -> Any:
         """Move a chunk to another tier of the same node (verified, then the source copy is removed)"""
-        chunk = get_chunk(chunk_id)
+        chunk = get_chunk(chunk_id, locked=True)
         if not args.get("target_device"):
             raise InvalidRequest("target_device: required", {"field": "target_device"})
         nodes = sorted({loc.node for loc in chunk.locations})
@@ -335,36 +264,43 @@ class ChunkMove(MethodView):
                 "use /transfer to copy between nodes",
                 {"field": "target_device"},
             )
-        return chunk_ops.copy(chunk, target, "data_move", args["priority"], False)
+        answer, status = chunk_ops.copy(chunk, target, "data_move", args["priority"], False)
+        return _with_place(answer, answer.get("task_id")), status
 
 
 @blp.route("/data/<string:chunk_id>/transfer")
 class ChunkTransfer(MethodView):
     @blp.arguments(ChunkCopySchema)
     @blp.response(202, ChunkOpSchema)
+    @blp.alt_response(200, schema=ChunkOpSchema, description="The copy exists already: nothing is sent (`noop`)")
     def post(self, args: dict[str, Any], chunk_id: str) -> Any:
         """Copy a chunk to another node over the signed node-to-node transfer, verified before it is recorded;
         `delete_source` removes the copy it came from afterwards"""
-        chunk = get_chunk(chunk_id)
-        node = args.get("target_node")
+        chunk = get_chunk(chunk_id, locked=True)
+        node = node_by_address(args["target_node"], "target_node") if args.get("target_node") else None
         text = args.get("target_device") or "dram"
         if node is None and ":" not in text:
             raise InvalidRequest("target_node: required (or a target_device like node2:dram)", {"field": "target_node"})
         target = _data_device(text, "target_device", node)
         if node is not None and target.node != node:
             raise InvalidRequest(f"target_device: {target} is not on target_node {node}", {"field": "target_device"})
-        return chunk_ops.copy(chunk, target, "data_transfer", args["priority"], args["delete_source"])
+        answer, status = chunk_ops.copy(
+            chunk, target, "data_transfer", args["priority"], args["delete_source"], args["compression"]
+        )
+        return _with_place(answer, answer.get("task_id")), status
 
 
 @blp.route("/data/<string:chunk_id>/pins")
 class ChunkPins(MethodView):
     @blp.arguments(PinSchema)
     @blp.response(201, ChunkSchema)
-    def post(self, args: dict[str, Any], chunk_id: str) -> DataChunk:
-        """Pin a chunk: the collector and eviction keep it, and deleting it needs force, until it is unpinned"""
-        chunk = get_chunk(chunk_id)
-        chunk_ops.pin(chunk, args["holder"])
-        return chunk
+    @blp.alt_response(200, schema=ChunkSchema, description="That holder had pinned it already")
+    def post(self, args: dict[str, Any], chunk_id: str) -> Any:
+        """Pin a chunk: the collector and eviction keep it, and deleting it needs force, until it is unpinned
+        (409 while it is being deleted)"""
+        chunk = get_chunk(chunk_id, locked=True)
+        added = chunk_ops.pin(chunk, args["holder"])
+        return get_chunk(chunk_id), 201 if added else 200
 
 
 @blp.route("/data/<string:chunk_id>/pins/<string:holder>")
@@ -372,6 +308,5 @@ class ChunkPin(MethodView):
     @blp.response(200, ChunkSchema)
     def delete(self, chunk_id: str, holder: str) -> DataChunk:
         """Remove one pin"""
-        chunk = get_chunk(chunk_id)
-        chunk_ops.unpin(chunk, holder)
-        return chunk
+        chunk_ops.unpin(get_chunk(chunk_id, locked=True), holder)
+        return get_chunk(chunk_id)

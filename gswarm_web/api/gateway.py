@@ -1,13 +1,18 @@
 """`/v1`: one OpenAI-compatible endpoint for every served model. A request goes to a running replica of its
-`model` (the one with the fewest requests in flight); a non-streaming request whose replica fails is sent to
-another; a stream passes through as it comes; a model whose service was unloaded for idleness is started and the
-request waits for it (up to the service's `cold_start_timeout_s`). Admin and `inference` tokens may call it."""
+`model` whose engine serves the route (the one with the fewest requests in flight in the whole gateway); a request
+whose replica fails before its first byte, streams included, is sent to another; a stream passes through as it
+comes. With no replica free (the service is idle, scaled to zero or starting, its replicas failed or are all at
+`max_in_flight`) the request waits in a bounded queue (up to the service's `cold_start_timeout_s`); beyond
+`serving.cold_start_waiters` waiting requests in one web process it gets 503 with Retry-After at once. Every
+request is measured (`control/serve_stats.py`, on `/metrics`). Admin and `inference` tokens may call it."""
 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -20,10 +25,12 @@ from flask import Flask, Response, request, stream_with_context
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
-from gswarm_tasks.errors import InvalidRequest, ModelNotFound, NetworkError, ResourceUnavailable
+from gswarm_tasks.errors import InvalidRequest, ModelNotFound, NetworkError, NotFound, ResourceUnavailable
 
+from ..control import cold_start, live
 from ..control.routing import Target, directory, forward
-from ..errors import REQUEST_ID_RE, request_id
+from ..control.serve_stats import Outcome
+from ..errors import REQUEST_ID_RE, error_response, request_id
 from .auth import identity_of
 
 log = logging.getLogger(__name__)
@@ -31,7 +38,7 @@ log = logging.getLogger(__name__)
 blp = Blueprint("gateway", __name__, url_prefix="/v1", description="OpenAI-compatible gateway to served models")
 
 ATTEMPTS = 3
-WAKE_POLL_S = 0.2
+RETRY_AFTER_S = 5  # a cold start from DRAM takes seconds (bench/gateway.py); a client comes back about then
 BODY = {"content": {"application/json": {"schema": {"type": "object", "required": ["model"]}}}, "required": True}
 ANSWER = {
     "200": {
@@ -69,64 +76,131 @@ def _body() -> tuple[bytes, str, bool]:
     return raw, model, bool(body.get("stream"))
 
 
-def _cold_start(model: str) -> Target:
-    """No running replica: wake the model's service and wait (bounded) for one."""
+class Unavailable(ResourceUnavailable):
+    """No replica for the request now (the queue is full, or none came up in time): 503 with Retry-After."""
+
+    status = 503
+
+
+def _queue(model: str, tried: set[str], path: str) -> tuple[Target, float]:
+    """No replica to take the request now (none running yet, the others failed, all at `max_in_flight`): wake the
+    model's service if it sleeps and wait in the bounded queue; the replica and the seconds waited."""
     d = directory()
     svc = d.wake(model)
     if svc is None:
         raise ModelNotFound(f"model: no service serves {model!r}", {"field": "model", "model": model})
-    deadline = time.monotonic() + svc.cold_start_timeout_s
-    while time.monotonic() < deadline:
-        d.refresh(force=True)
-        target = d.pick(model, set())
-        if target is not None:
-            return target
-        time.sleep(WAKE_POLL_S)
-    raise ResourceUnavailable(
-        f"model: no replica of {model!r} came up within {svc.cold_start_timeout_s:g} s",
-        {"field": "model", "service_id": svc.id, "status": svc.status},
-    )
-
-
-def _stream(resp: Any, target: Target) -> Iterator[bytes]:
+    timeout_s, details = svc.cold_start_timeout_s, {"field": "model", "service_id": svc.id, "status": svc.status}
+    t0 = time.monotonic()
     try:
-        yield from resp.stream(8192, decode_content=False)
+        target = cold_start.wait_for_replica(model, timeout_s, tried, path, svc.id)
+    except cold_start.Full:
+        d.rejected(svc.id, "rejected")
+        raise Unavailable(
+            f"model: {model!r} has no replica free and this gateway process already holds {cold_start.limit()} "
+            f"requests waiting; retry after {RETRY_AFTER_S} s",
+            {**details, "retry_after_s": RETRY_AFTER_S},
+        ) from None
+    if target is None:
+        d.rejected(svc.id, "timeouts")
+        raise Unavailable(f"model: no replica of {model!r} took the request within {timeout_s:g} s", details)
+    return target, time.monotonic() - t0
+
+
+def _tokens(data: bytes) -> tuple[int, int]:
+    """(completion, prompt) tokens of a whole answer, from its `usage` (at its end)."""
+    tail = data[-400:]
+    done, prompt = _COMPLETION_TOKENS.search(tail), _PROMPT_TOKENS.search(tail)
+    return (int(done.group(1)) if done else 0), (int(prompt.group(1)) if prompt else 0)
+
+
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
+_TEXT_EVENT = re.compile(rb'"(?:text|content)":\s*"(?:[^"\\]|\\.)')  # a streamed event that carries text
+
+
+def _first_chunk(resp: Any) -> tuple[Iterator[bytes], bytes] | None:
+    """A stream's first bytes, read before anything is sent to the client (None: the replica failed first)."""
+    chunks = resp.stream(8192, decode_content=False)
+    try:
+        first = next(chunks, b"")
+    except (urllib3.exceptions.HTTPError, OSError):
+        first = b""
+    if not first:
+        resp.release_conn()
+        return None
+    return chunks, first
+
+
+def _stream(
+    resp: Any, target: Target, chunks: Iterator[bytes], first: bytes, t0: float, queue_s: float
+) -> Iterator[bytes]:
+    ttft, tokens, status = time.monotonic() - t0, 0, resp.status
+    try:
+        for chunk in itertools.chain((first,), chunks):
+            tokens += len(_TEXT_EVENT.findall(chunk))
+            yield chunk
+    except (urllib3.exceptions.HTTPError, OSError):
+        status = 0  # the replica went away mid-stream: the client's answer is cut short
+        raise
     finally:
         resp.release_conn()
-        directory().done(target)
+        outcome = Outcome(status, time.monotonic() - t0, queue_s, ttft, tokens)
+        directory().done(target, outcome, failed=status == 0)
 
 
 def proxy(path: str) -> Response:
+    """Send the request to a replica; one that fails before its first byte (streams included) is replaced by
+    another, and a request with no replica free waits in the bounded queue."""
     raw, model, stream = _body()
-    d = directory()
+    d, t0 = directory(), time.monotonic()
+    if d.serves(model, path) is False:
+        raise NotFound(f"{path}: not served by the engines of {model!r}", {"field": "model", "path": path})
     headers = {"Content-Type": "application/json", "X-Request-ID": request_id()}
     tried: set[str] = set()
-    failure = ""
-    for _ in range(ATTEMPTS):
-        target = d.pick(model, tried) or (None if tried else _cold_start(model))
-        if target is None:
-            break
-        tried.add(target.replica_id)
+    failure, queue_s = "", 0.0
+    while len(tried) < ATTEMPTS:
+        try:
+            target = d.pick(model, tried, path=path)
+            if target is None:
+                target, waited = _queue(model, tried, path)
+                queue_s += waited
+        except Unavailable as exc:
+            busy = error_response(exc.status, exc.code, exc.message, exc.details)
+            busy.headers["Retry-After"] = str(RETRY_AFTER_S)
+            return busy
         try:
             resp = forward(target, path, raw, headers, stream)
         except urllib3.exceptions.HTTPError as exc:
-            d.done(target, failed=True)
             failure = f"{target.url}: {type(exc).__name__}"
-            continue
-        if resp.status >= 500 and not stream:
-            d.done(target, failed=True)
-            failure = f"{target.url}: HTTP {resp.status}"
-            continue
-        out = {
-            "Content-Type": resp.headers.get("Content-Type", "application/json"),
-            "X-Gswarm-Replica": target.replica_id,
-            "X-Gswarm-Attempts": str(len(tried)),  # > 1: a replica failed and another answered
-        }
-        if stream:
-            return Response(stream_with_context(_stream(resp, target)), status=resp.status, headers=out)
-        d.done(target)
-        return Response(resp.data, status=resp.status, headers=out)
+        else:
+            answer = _answer(resp, target, stream, t0, queue_s, len(tried) + 1)
+            if answer is not None:
+                return answer
+            failure = f"{target.url}: HTTP {resp.status}" if resp.status >= 500 else f"{target.url}: no first byte"
+        d.done(target, Outcome(0, time.monotonic() - t0, queue_s), failed=True)
+        tried.add(target.replica_id)
     raise NetworkError(f"model {model!r}: no replica answered ({failure or 'none is running'})", {"model": model})
+
+
+def _answer(resp: Any, target: Target, stream: bool, t0: float, queue_s: float, attempts: int) -> Response | None:
+    """The client's response from a replica's, or None when the replica failed before its first byte."""
+    if resp.status >= 500:
+        resp.release_conn()
+        return None
+    out = {
+        "Content-Type": resp.headers.get("Content-Type", "application/json"),
+        "X-Gswarm-Replica": target.replica_id,
+        "X-Gswarm-Attempts": str(attempts),  # > 1: a replica failed and another answered
+    }
+    if stream:
+        started = _first_chunk(resp)
+        if started is None:
+            return None
+        body = _stream(resp, target, started[0], started[1], t0, queue_s)
+        return Response(stream_with_context(body), status=resp.status, headers=out)
+    gen, prompt = _tokens(resp.data)
+    directory().done(target, Outcome(resp.status, time.monotonic() - t0, queue_s, None, gen, prompt))
+    return Response(resp.data, status=resp.status, headers=out)
 
 
 FAST_PATHS = frozenset({"/v1/embeddings", "/v1/completions", "/v1/chat/completions"})
@@ -144,6 +218,7 @@ class FastPath:
     def __init__(self, app: Flask) -> None:
         self.app = app
         self.flask = app.wsgi_app
+        live.install()  # the replicas' version moves with every commit that starts or stops one
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path, length = environ.get("PATH_INFO", ""), environ.get("CONTENT_LENGTH") or ""
@@ -161,11 +236,12 @@ class FastPath:
         if answer is None:
             environ["wsgi.input"] = io.BytesIO(raw)
             return self.flask(environ, start_response)
-        status, headers, data = answer
+        status, headers, body = answer
         start_response(status, headers)
-        return [data]
+        return body
 
-    def answer(self, environ: dict[str, Any], path: str, raw: bytes) -> tuple[str, list[tuple[str, str]], bytes] | None:
+    def answer(self, environ: dict[str, Any], path: str, raw: bytes) -> tuple[str, list[tuple[str, str]], Sent] | None:
+        t0 = time.monotonic()
         scheme, _, token = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
         body = json.loads(raw) if raw.startswith(b"{") else None
         if scheme.lower() != "bearer" or not isinstance(body, dict) or body.get("stream"):
@@ -180,18 +256,18 @@ class FastPath:
             ident = identity_of(token.strip()) if self.app.config.get("GSWARM_AUTH", True) else ("admin", "-")
             if ident is None or ident[0] not in GATEWAY_ROLES:
                 return None
-            target = d.pick(model, set())
+            target = d.pick(model, set(), path=path)
         if target is None:
             return None
         try:
             resp = forward(target, path, raw, {"Content-Type": "application/json", "X-Request-ID": rid}, False)
         except urllib3.exceptions.HTTPError:
-            d.done(target, failed=True)  # quarantined: the view's retry goes elsewhere
+            d.done(target, Outcome(0, time.monotonic() - t0), failed=True)  # quarantined: the view retries elsewhere
             return None
         if resp.status >= 500:
-            d.done(target, failed=True)
+            d.done(target, Outcome(0, time.monotonic() - t0), failed=True)
             return None
-        d.done(target)
+        gen, prompt = _tokens(resp.data)
         headers = [
             ("Content-Type", resp.headers.get("Content-Type", "application/json")),
             ("Content-Length", str(len(resp.data))),
@@ -199,7 +275,21 @@ class FastPath:
             ("X-Gswarm-Attempts", "1"),
             ("X-Request-ID", rid),
         ]
-        return f"{resp.status} {HTTPStatus(resp.status).phrase}", headers, resp.data
+        sent = Sent(resp.data, target, Outcome(resp.status, time.monotonic() - t0, 0.0, None, gen, prompt))
+        return f"{resp.status} {HTTPStatus(resp.status).phrase}", headers, sent
+
+
+class Sent:
+    """A fast-path answer's body: its bookkeeping (counts, measures) runs in `close`, after the server sent it."""
+
+    def __init__(self, data: bytes, target: Target, outcome: Outcome) -> None:
+        self.data, self.target, self.outcome = data, target, outcome
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter((self.data,))
+
+    def close(self) -> None:
+        directory().done(self.target, self.outcome)
 
 
 @blp.route("/models")

@@ -5,26 +5,38 @@ from __future__ import annotations
 from typing import Any
 
 import marshmallow as ma
+from flask import request
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from gswarm_tasks import names
-from gswarm_tasks.devices import Device, parse_target, safe_name
-from gswarm_tasks.errors import Conflict, InvalidRequest
+from gswarm_tasks.devices import safe_name
+from gswarm_tasks.errors import Conflict
 from gswarm_tasks.sources import parse_source
-from gswarm_tasks.storage import prefix as storage_prefix
+from gswarm_tasks.transfer.client import COMPRESSIONS
 
-from ..control import model_state, service_state
-from ..control.dispatch import active_conflict, peer_source, require_node, send_recorded
-from ..control.model_state import STATUSES, get_model, ready_location, require_gpu, start_operation
-from ..control.placement import choose
+from ..control import model_ops, model_state, service_state, targets
+from ..control.devices import by_address, node_by_address
+from ..control.dispatch import send_recorded
+from ..control.model_state import STATUSES, get_model, locked_model, offline_nodes, refuse_busy, status_is, status_of
 from ..extensions import db, settings
 from ..tables import Model, ModelLocation, Replica, Service, TaskRecord
 from .pagination import PageArgsSchema, PageSchema, page_of
-from .queue import TaskSchema
+from .queue import QueuedTaskSchema, TaskSchema
 
 blp = Blueprint("models", __name__, url_prefix="/api/v1", description="Models: registry, placement and copies")
 PRIORITY = ma.fields.String(load_default="normal", validate=ma.validate.OneOf(names.PRIORITY_NAMES))
+VERIFY = ma.fields.Boolean(
+    load_default=True,
+    validate=ma.validate.Equal(
+        True, error="gswarm verifies every copy it makes (each block's blake3, each file's hash); false is not offered"
+    ),
+    metadata={"description": "true, as always: every copy is verified before it is recorded (false is refused)"},
+)
+COMPRESSION = ma.fields.String(
+    validate=ma.validate.OneOf(COMPRESSIONS),
+    metadata={"description": "none, or zstd: the bytes are compressed between nodes (a copy within a node is not)"},
+)
 
 
 def _name(value: str) -> None:
@@ -48,12 +60,18 @@ class ModelSchema(ma.Schema):
     source_url = ma.fields.String(allow_none=True)
     metadata = ma.fields.Dict(attribute="meta")
     trust_remote_code = ma.fields.Boolean()
-    status = ma.fields.String()
+    status = ma.fields.Method("get_status", metadata={"enum": list(STATUSES)})
     status_message = ma.fields.String(allow_none=True)
     locations = ma.fields.Method("get_locations")
     services = ma.fields.Method("get_services")
     created_at = ma.fields.DateTime()
     updated_at = ma.fields.DateTime()
+
+    def get_status(self, m: Model) -> str:
+        cache = request.environ  # once per request, not per model (an app context may serve several requests)
+        if "gswarm.offline_nodes" not in cache:
+            cache["gswarm.offline_nodes"] = offline_nodes()
+        return status_of(m, cache["gswarm.offline_nodes"])
 
     def get_locations(self, m: Model) -> list[str]:
         return [loc.device for loc in m.locations if loc.status == "ready"]
@@ -82,7 +100,10 @@ class ModelCreateSchema(ma.Schema):
 class ModelListArgsSchema(PageArgsSchema):
     type = ma.fields.String()
     location = ma.fields.String()
-    status = ma.fields.String(validate=ma.validate.OneOf(STATUSES))
+    status = ma.fields.String(
+        validate=ma.validate.OneOf(STATUSES),
+        metadata={"description": "unavailable: every copy it has is on an offline node, or its last copy was removed"},
+    )
 
 
 class ModelListSchema(PageSchema):
@@ -90,7 +111,10 @@ class ModelListSchema(PageSchema):
 
 
 class DeleteArgsSchema(ma.Schema):
-    force = ma.fields.Boolean(load_default=False)
+    force = ma.fields.Boolean(load_default=False, metadata={"description": "even while served or in use"})
+    device = ma.fields.String(
+        metadata={"description": "remove only this copy (`node:tier`), as DELETE /models/{name}/locations/{device}"}
+    )
 
 
 class DownloadSchema(ma.Schema):
@@ -99,6 +123,7 @@ class DownloadSchema(ma.Schema):
         load_default="auto", metadata={"description": "a device, or auto / auto:<tier> (default)"}
     )
     priority = PRIORITY
+    verify_checksum = VERIFY
 
 
 class MoveSchema(ma.Schema):
@@ -108,6 +133,8 @@ class MoveSchema(ma.Schema):
     )
     keep_source = ma.fields.Boolean(load_default=False)
     priority = PRIORITY
+    compression = COMPRESSION
+    verify_checksum = VERIFY
 
 
 class CopySchema(ma.Schema):
@@ -117,6 +144,16 @@ class CopySchema(ma.Schema):
     )
     bandwidth_limit = ma.fields.Integer(validate=ma.validate.Range(min=1), metadata={"description": "bytes/s"})
     priority = PRIORITY
+    compression = COMPRESSION
+    verify_checksum = VERIFY
+
+
+class LocationCreateSchema(ma.Schema):
+    device = ma.fields.String(required=True, metadata={"description": "node:disk or node:dram (or address:tier)"})
+    status = ma.fields.String(
+        load_default="ready",
+        validate=ma.validate.Equal("ready", error="a copy is registered `ready` (verified) or not at all"),
+    )
 
 
 @blp.route("/models")
@@ -129,9 +166,10 @@ class Models(MethodView):
         if "type" in args:
             query = query.where(Model.model_type == args["type"])
         if "status" in args:
-            query = query.where(Model.status == args["status"])
+            query = query.where(status_is(args["status"]))
         if "location" in args:
             loc = args["location"]
+            loc = by_address(loc, "location") if ":" in loc else node_by_address(loc, "location")
             cond = (
                 ModelLocation.device == loc if ":" in loc else (ModelLocation.node == loc) | (ModelLocation.tier == loc)
             )
@@ -169,8 +207,11 @@ class ModelByName(MethodView):
     @blp.arguments(DeleteArgsSchema, location="query")
     @blp.response(202, TaskSchema(many=True))
     def delete(self, args: dict[str, Any], name: str) -> Any:
-        """Unregister a model and delete every copy (refused while a service runs, unless force=true)"""
-        model = get_model(name)
+        """Unregister a model and delete every copy (refused while a service runs, unless force=true); with
+        `device`, remove only that copy"""
+        model = locked_model(name)
+        if "device" in args:
+            return [model_ops.delete_copy(model, args["device"], "device", args["force"])], 202
         running = list(
             db.session.scalars(
                 db.select(Service).where(
@@ -183,6 +224,7 @@ class ModelByName(MethodView):
                 f"{name} is served by {len(running)} service(s); stop them or pass force=true",
                 {"services": [s.id for s in running]},
             )
+        refuse_busy(model, set(), any_op=True)
         tasks = [t for s in running for t in service_state.stop(s)]
         if not model.locations:
             db.session.delete(model)
@@ -203,138 +245,46 @@ class Locations(MethodView):
         """Where a model is stored"""
         return list(get_model(name).locations)
 
+    @blp.arguments(LocationCreateSchema)
+    @blp.response(202, QueuedTaskSchema)
+    @blp.alt_response(200, schema=QueuedTaskSchema, description="The copy is recorded already: nothing is sent")
+    def post(self, args: dict[str, Any], name: str) -> Any:
+        """Register a copy already on a node (its files under the tier's `models/<name>`): the node verifies them
+        against the model's manifest (or builds it when the model has none) and only then is the location recorded;
+        GPU copies are made with move"""
+        return model_ops.register_copy(name, args["device"])
+
 
 @blp.route("/models/<string:name>/locations/<string:device>")
 class LocationByDevice(MethodView):
     @blp.response(202, TaskSchema)
     def delete(self, name: str, device: str) -> TaskRecord:
-        """Delete one copy of a model"""
-        model = get_model(name)
-        dev = Device.parse(device, field="device")
-        ready_location(model, dev, "device")
-        active_conflict(name, str(dev))
-        rec = model_state.delete_copy(model, str(dev))
-        db.session.commit()
-        send_recorded()
-        return rec
+        """Delete one copy of a model (refused while an operation or a replica uses it)"""
+        return model_ops.delete_copy(locked_model(name), device, "device", force=False)
 
 
 @blp.route("/models/<string:name>/download")
 class Download(MethodView):
     @blp.arguments(DownloadSchema)
-    @blp.response(202, TaskSchema)
+    @blp.response(202, QueuedTaskSchema)
     def post(self, args: dict[str, Any], name: str) -> TaskRecord:
-        """Download a model onto a node's disk or dram"""
-        model = get_model(name)
-        target, decision = _target(model, "download", args.get("target_device"), files=True)
-        url = args.get("source_url") or model.source_url
-        if not url:
-            raise InvalidRequest("source_url: the model has no registered source; give one", {"field": "source_url"})
-        parse_source(url, settings().allowed_roots)
-        require_node(str(target.node), "target_device")
-        active_conflict(name, str(target))
-        kwargs = {"model": name, "source_url": url, "tier": target.tier}
-        return start_operation(
-            model, "download", str(target.node), names.MODEL_DOWNLOAD, kwargs, args["priority"], source="web",
-            target=str(target), extra_params=decision,
-        )  # fmt: skip
-
-
-def _target(
-    model: Model, action: str, text: str | None, files: bool = False, gpu: bool = False, on_node: str | None = None
-) -> tuple[Device, dict[str, Any] | None]:
-    """A named device (checked), or the one placement chooses for `auto` / nothing, with its decision."""
-    target = parse_target(text, "target_device")
-    if isinstance(target, Device):
-        return target.expect("target_device", files=files, gpu=gpu), None
-    if target.kind == "gpu" and not gpu:
-        raise InvalidRequest(
-            f"target_device: {target} is not a storage tier for a {action}", {"field": "target_device"}
-        )
-    decision = choose(model, action, target, on_node=on_node if target.kind == "gpu" else None)
-    return Device.parse(decision["chosen"]), {"placement": decision}
-
-
-def _source(model: Model, text: str | None, dst_node: str | None) -> Device:
-    """A named copy, or with `auto` (or nothing) the best ready one: the target's node first, dram before disk."""
-    target = parse_target(text, "source_device")
-    if isinstance(target, Device):
-        return target.expect("source_device", files=True)
-    ready = [loc for loc in model.locations if loc.status == "ready" and loc.tier in ("dram", "disk")]
-    if not ready:
-        raise InvalidRequest(f"source_device: {model.name} has no copy on any node", {"field": "source_device"})
-    best = sorted(ready, key=lambda loc: (loc.node != dst_node, loc.tier != "dram", loc.device))[0]
-    return Device.parse(best.device)
-
-
-def _check_copy(model: Model, src: Device, dst: Device) -> None:
-    ready_location(model, src, "source_device")
-    require_node(str(dst.node), "target_device")
-    if not model.manifest:
-        raise Conflict(f"{model.name} has no manifest yet", {"model_name": model.name})
-    if dst.is_gpu and dst.node != src.node:
-        raise InvalidRequest("target_device: a GPU is loaded from a copy on its own node", {"field": "target_device"})
-    if src == dst:
-        raise InvalidRequest("target_device: same as source_device", {"field": "target_device"})
-    if dst.is_gpu:
-        require_gpu(dst, "target_device")
-    active_conflict(model.name, str(dst))
-
-
-def _copy_or_move(name: str, args: dict[str, Any], keep_source: bool, kind: str) -> TaskRecord:
-    model = get_model(name)
-    explicit_src = parse_target(args.get("source_device"), "source_device")
-    node_of_src = explicit_src.node if isinstance(explicit_src, Device) else None
-    dst, decision = _target(model, kind, args.get("target_device"), files=True, gpu=True, on_node=node_of_src)
-    src = _source(model, args.get("source_device"), dst.node)
-    _check_copy(model, src, dst)
-    existing = db.session.get(ModelLocation, (model.id, str(dst)))
-    if existing is not None and existing.status == "ready" and (kind == "copy" or keep_source):
-        return model_state.already_there(model, kind, src, dst)
-    ends = {"source": str(src), "target": str(dst)}
-    if (src.node == dst.node and kind != "copy") or dst.is_gpu:
-        kwargs = {
-            "model": name,
-            "manifest": model.manifest,
-            "source_tier": src.tier,
-            "target_tier": dst.tier,
-            "keep_source": keep_source,
-        }
-        return start_operation(
-            model, "move", str(dst.node), names.MODEL_MOVE, kwargs, args["priority"], extra_params=decision, **ends
-        )
-    source = {"node": src.node, "tier": src.tier}
-    if src.node != dst.node:
-        peer = require_node(str(src.node), "source_device")
-        source = peer_source(peer, src.tier, storage_prefix(src.tier, "models", name))
-    kwargs = {
-        "model": name,
-        "manifest": model.manifest,
-        "target_tier": dst.tier,
-        "source": source,
-        "bandwidth_limit": args.get("bandwidth_limit"),
-    }
-    real_move = kind == "move" and src.node != dst.node
-    extra = {**({"cross_node": True, "keep_source": keep_source} if real_move else {}), **(decision or {})} or None
-    op = "move" if real_move else "copy"
-    return start_operation(
-        model, op, str(dst.node), names.MODEL_COPY, kwargs, args["priority"], extra_params=extra, **ends
-    )
+        """Download a model onto a node's disk or dram (the answer has its place in the node's queue)"""
+        return model_ops.download(name, targets.resolve(args, "target_device"))
 
 
 @blp.route("/models/<string:name>/move")
 class Move(MethodView):
     @blp.arguments(MoveSchema)
-    @blp.response(202, TaskSchema)
+    @blp.response(202, QueuedTaskSchema)
     def post(self, args: dict[str, Any], name: str) -> TaskRecord:
-        """Move a model between devices (disk, dram, gpuN; across nodes too)"""
-        return _copy_or_move(name, args, args["keep_source"], "move")
+        """Move a model between devices (disk, dram, gpuN; across nodes too, zstd-compressed if asked)"""
+        return model_ops.copy_or_move(name, targets.ends(args), args["keep_source"], "move")
 
 
 @blp.route("/models/<string:name>/copy")
 class Copy(MethodView):
     @blp.arguments(CopySchema)
-    @blp.response(202, TaskSchema)
+    @blp.response(202, QueuedTaskSchema)
     def post(self, args: dict[str, Any], name: str) -> TaskRecord:
-        """Copy a model to another device or node, verifying every file"""
-        return _copy_or_move(name, args, True, "copy")
+        """Copy a model to another device or node, verifying every file (zstd-compressed between nodes if asked)"""
+        return model_ops.copy_or_move(name, targets.ends(args), True, "copy")

@@ -1,4 +1,5 @@
-"""Nodes and their resources: `/nodes`, `/nodes/{name}`, `/resources`."""
+"""Nodes and their resources: `/nodes` (with the ones config.yaml declares that have not joined: `missing`),
+`/nodes/{name}`, `/resources`."""
 
 from __future__ import annotations
 
@@ -8,11 +9,20 @@ from typing import Any
 import marshmallow as ma
 from flask.views import MethodView
 from flask_smorest import Blueprint
+from sqlalchemy.orm import defer
 
 from gswarm_tasks.devices import validate_node_name
 from gswarm_tasks.errors import NotFound
 
-from ..control.node_state import STATUSES, node_status, status_clause
+from ..control.node_state import (
+    LISTED_STATUSES,
+    MISSING,
+    DeclaredNode,
+    declaration,
+    missing_nodes,
+    node_status,
+    status_clause,
+)
 from ..extensions import db, settings
 from ..tables import Node
 from .pagination import PageArgsSchema, PageSchema, page_of
@@ -34,15 +44,17 @@ class GpuSchema(ma.Schema):
 
 class NodeSchema(ma.Schema):
     name = ma.fields.String()
-    status = ma.fields.Method("get_status", metadata={"enum": list(STATUSES)})
+    status = ma.fields.Method(
+        "get_status", metadata={"enum": list(LISTED_STATUSES), "description": "missing: declared, not joined yet"}
+    )
     hostname = ma.fields.String(allow_none=True)
     address = ma.fields.String(allow_none=True)
     worker = ma.fields.String(allow_none=True)
     version = ma.fields.String(allow_none=True)
-    last_seen = ma.fields.DateTime()
-    first_seen = ma.fields.DateTime()
+    last_seen = ma.fields.DateTime(allow_none=True, metadata={"description": "null for a missing node"})
+    first_seen = ma.fields.DateTime(allow_none=True)
     started_at = ma.fields.DateTime(allow_none=True)
-    seconds_since_seen = ma.fields.Method("get_age")
+    seconds_since_seen = ma.fields.Method("get_age", metadata={"type": "number", "nullable": True})
     cpu_count = ma.fields.Integer(allow_none=True)
     cpu_percent = ma.fields.Float(allow_none=True)
     dram_total_bytes = ma.fields.Integer(allow_none=True)
@@ -53,16 +65,26 @@ class NodeSchema(ma.Schema):
     frames_dropped = ma.fields.Integer(
         metadata={"description": "profiler frames the node lost to a bound while Redis was unreachable"}
     )
+    declared = ma.fields.Method(
+        "get_declared", metadata={"description": "what config.yaml's `nodes:` says of it (address, capabilities)"}
+    )
 
-    def get_status(self, node: Node) -> str:
+    def get_status(self, node: Node | DeclaredNode) -> str:
+        if isinstance(node, DeclaredNode):
+            return MISSING
         return node_status(node, datetime.now(UTC), *_timeouts())
 
-    def get_age(self, node: Node) -> float:
+    def get_age(self, node: Node | DeclaredNode) -> float | None:
+        if isinstance(node, DeclaredNode):
+            return None
         return round((datetime.now(UTC) - node.last_seen).total_seconds(), 3)
+
+    def get_declared(self, node: Node | DeclaredNode) -> dict[str, Any] | None:
+        return node.declared if isinstance(node, DeclaredNode) else declaration(settings().nodes, node.name)
 
 
 class NodeListArgsSchema(PageArgsSchema):
-    status = ma.fields.String(validate=ma.validate.OneOf(STATUSES))
+    status = ma.fields.String(validate=ma.validate.OneOf(LISTED_STATUSES))
 
 
 class NodeListSchema(PageSchema):
@@ -77,24 +99,45 @@ def get_node(name: str) -> Node:
     return node
 
 
+def _page(items: list[Any], args: dict[str, Any]) -> dict[str, Any]:
+    """One page of a list made here (declared nodes with the joined ones: a small list)."""
+    start = (args["page"] - 1) * args["per_page"]
+    return {"nodes": items[start : start + args["per_page"]], "total": len(items), "page": args["page"],
+            "per_page": args["per_page"]}  # fmt: skip
+
+
 @blp.route("/nodes")
 class Nodes(MethodView):
     @blp.arguments(NodeListArgsSchema, location="query")
     @blp.response(200, NodeListSchema)
     def get(self, args: dict[str, Any]) -> dict[str, Any]:
-        """List nodes with their GPUs, storage and status"""
-        query = db.select(Node).order_by(Node.name)
-        if "status" in args:
-            query = query.where(status_clause(args["status"], datetime.now(UTC), *_timeouts()))
-        return page_of("nodes", query, args)
+        """List nodes with their GPUs, storage and status, and those config.yaml declares that have not joined
+        (`missing`)"""
+        status = args.get("status")
+        missing = missing_nodes(settings().nodes) if status in (None, MISSING) else []
+        if status == MISSING:
+            return _page(missing, args)
+        # The live GPU numbers (`gpu_metrics`, a few KB a node) are not in this answer: not read, not decoded.
+        query = db.select(Node).options(defer(Node.gpu_metrics)).order_by(Node.name)
+        if status is not None:
+            query = query.where(status_clause(status, datetime.now(UTC), *_timeouts()))
+        if not missing:
+            return page_of("nodes", query, args)
+        return _page(sorted([*db.session.scalars(query), *missing], key=lambda n: n.name), args)
 
 
 @blp.route("/nodes/<string:name>")
 class NodeByName(MethodView):
     @blp.response(200, NodeSchema)
-    def get(self, name: str) -> Node:
-        """One node: GPUs, storage, status and last_seen"""
-        return get_node(name)
+    def get(self, name: str) -> Node | DeclaredNode:
+        """One node: GPUs, storage, status and last_seen (`missing` for one config.yaml declares that never joined)"""
+        validate_node_name(name, "name")
+        node: Node | DeclaredNode | None = db.session.get(Node, name)
+        if node is None:
+            node = next((n for n in missing_nodes(settings().nodes) if n.name == name), None)
+        if node is None:
+            raise NotFound(f"node {name!r} is not registered", {"node": name})
+        return node
 
     @blp.response(204)
     def delete(self, name: str) -> None:

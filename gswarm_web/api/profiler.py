@@ -5,54 +5,50 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-import marshmallow as ma
-from flask import Response
+from flask import Response, stream_with_context
 from flask.views import MethodView
 from flask_smorest import Blueprint
+from sqlalchemy.exc import IntegrityError
 
 from gswarm_tasks.errors import Conflict, InvalidRequest, NotFound
 
+from ..control import session_import
 from ..control.frames import latest_frames
 from ..control.metrics import prometheus_text
-from ..control.session_state import document, frame_counts, get_session, publish, unpublish
+from ..control.recovery import recoverable, resume_archive
+from ..control.serve_stats import prometheus_text as serving_text
+from ..control.session_state import (
+    Window,
+    document,
+    export_page,
+    get_session,
+    keep_summary,
+    publish,
+    session_window,
+    stream_document,
+    summarize,
+    unpublish,
+)
 from ..extensions import db, redis_client
 from ..plots import render, step_spans
 from ..tables import Node, ProfilerSession, TaskRecord
+from .profiler_schemas import (
+    ExportArgsSchema,
+    ImportFramesSchema,
+    ImportSchema,
+    PlotArgsSchema,
+    RecordSchema,
+    RecoverableSchema,
+    RecoverSchema,
+    SessionCreateSchema,
+    SessionSchema,
+)
 
 TEXT = {"text/plain": {"schema": {"type": "string"}}}
 FIGURE = {kind: {"schema": {"type": "string", "format": "binary"}} for kind in ("image/png", "application/pdf")}
 
 blp = Blueprint("profiler", __name__, url_prefix="/api/v1", description="GPU profiling sessions and metrics")
 root = Blueprint("prometheus", __name__, url_prefix="/", description="Prometheus' default scrape path")
-
-
-class SessionCreateSchema(ma.Schema):
-    name = ma.fields.String(required=True, validate=ma.validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"))
-    freq_ms = ma.fields.Integer(load_default=1000, validate=ma.validate.Range(min=100, max=3_600_000))
-    nodes = ma.fields.List(ma.fields.String(), load_default=list)
-    enable_bandwidth = ma.fields.Boolean(load_default=True)
-    enable_nvlink = ma.fields.Boolean(load_default=False)
-
-
-class SessionSchema(ma.Schema):
-    name = ma.fields.String()
-    status = ma.fields.String(attribute="state", metadata={"enum": ["active", "stopped"]})
-    freq_ms = ma.fields.Integer()
-    nodes = ma.fields.List(ma.fields.String())
-    enable_bandwidth = ma.fields.Boolean()
-    enable_nvlink = ma.fields.Boolean()
-    start_time = ma.fields.DateTime()
-    end_time = ma.fields.DateTime(allow_none=True)
-    frame_count = ma.fields.Integer(allow_none=True, metadata={"description": "frames with GPU readings"})
-    host_frame_count = ma.fields.Integer(allow_none=True, metadata={"description": "host readings (every frame)"})
-    summary_by_device = ma.fields.Dict(allow_none=True)
-    summary_by_node = ma.fields.Dict(allow_none=True)
-
-
-class RecordSchema(ma.Schema):
-    app = ma.fields.String(required=True)
-    queue_time = ma.fields.Float(required=True, validate=ma.validate.Range(min=0))
-    processing_time = ma.fields.Float(required=True, validate=ma.validate.Range(min=0))
 
 
 @blp.route("/profiler/sessions")
@@ -65,27 +61,35 @@ class Sessions(MethodView):
     @blp.arguments(SessionCreateSchema)
     @blp.response(201, SessionSchema)
     def post(self, args: dict[str, Any]) -> ProfilerSession:
-        """Start a session (several may overlap; each sees exactly its own window)"""
-        if db.session.get(ProfilerSession, args["name"]) is not None:
-            raise Conflict(f"name: a session {args['name']!r} exists", {"field": "name"})
+        """Start a session (several may overlap; each sees exactly its own window); without `name`, one is made
+        (`session_YYYYmmdd_HHMMSS`, local time, as the original named them)"""
         known = set(db.session.scalars(db.select(Node.name)))
         for n in args["nodes"]:
             if n not in known:
                 raise NotFound(f"nodes: node {n!r} is not registered", {"field": "nodes", "node": n})
-        s = ProfilerSession(
-            name=args["name"],
-            freq_ms=args["freq_ms"],
-            nodes=args["nodes"],
-            enable_bandwidth=args["enable_bandwidth"],
-            enable_nvlink=args["enable_nvlink"],
-            start_time=datetime.now(UTC),
-            state="active",
-            request_time_info=[],
-        )
-        db.session.add(s)
-        db.session.commit()
-        publish(s)
-        return s
+        given = args.get("name")
+        stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
+        for attempt in range(1 if given else 20):
+            name = given or f"session_{stamp}" + (f"_{attempt + 1}" if attempt else "")
+            s = ProfilerSession(
+                name=name,
+                freq_ms=args["freq_ms"],
+                nodes=args["nodes"],
+                enable_bandwidth=args["enable_bandwidth"],
+                enable_nvlink=args["enable_nvlink"],
+                start_time=datetime.now(UTC),
+                state="active",
+                request_time_info=[],
+            )
+            db.session.add(s)
+            try:
+                db.session.commit()  # the name's uniqueness is the primary key's: one of two equal starts wins
+            except IntegrityError:
+                db.session.rollback()
+                continue
+            publish(s)
+            return s
+        raise Conflict(f"name: a session {given or 'session_' + stamp!r} exists", {"field": "name"})
 
 
 @blp.route("/profiler/sessions/<string:name>")
@@ -96,13 +100,13 @@ class SessionByName(MethodView):
         s = get_session(name)
         if s.state != "active":
             return s
-        doc = document(s)
+        summary = summarize(s)
         out = {key: getattr(s, key) for key in (f.attribute or n for n, f in SessionSchema().fields.items())}
         out.update(
-            frame_count=frame_counts(doc)[0],
-            host_frame_count=frame_counts(doc)[1],
-            summary_by_device=doc["summary_by_device"],
-            summary_by_node=doc["summary_by_node"],
+            frame_count=summary.counts()[0],
+            host_frame_count=summary.counts()[1],
+            summary_by_device=summary.by_device(),
+            summary_by_node=summary.by_node(),
         )
         return out
 
@@ -111,7 +115,8 @@ class SessionByName(MethodView):
 class SessionStop(MethodView):
     @blp.response(200, SessionSchema)
     def post(self, name: str) -> ProfilerSession:
-        """Stop a session: its summary per device and node is computed and kept"""
+        """Stop a session: its summary per device and node is computed and kept; a few seconds later the control
+        worker has archived its last frames and written `<name>.json` (`output_file`)"""
         s = db.session.get(ProfilerSession, name, with_for_update=True)
         if s is None:
             raise NotFound(f"no profiling session {name!r}", {"name": name})
@@ -119,23 +124,35 @@ class SessionStop(MethodView):
             raise InvalidRequest(f"session {name} is already {s.state}", {"status": s.state})
         s.end_time, s.state = datetime.now(UTC), "stopped"
         unpublish(name)
-        doc = document(s)
-        s.frame_count, s.host_frame_count = frame_counts(doc)
-        s.summary_by_device, s.summary_by_node = doc["summary_by_device"], doc["summary_by_node"]
-        db.session.commit()
+        keep_summary(s, summarize(s))  # streamed: a session of any length stops
+        db.session.commit()  # the control worker archives its last frames, then seals it and writes <name>.json
         return s
+
+
+def window_of(s: ProfilerSession, args: dict[str, Any]) -> Window:
+    """The session's window, or the part of it `start` and `end` ask for."""
+    return session_window(s, args.get("start"), args.get("end"))
 
 
 @blp.route("/profiler/sessions/<string:name>/export")
 class SessionExport(MethodView):
+    @blp.arguments(ExportArgsSchema, location="query")
     @blp.response(200)
-    def get(self, name: str) -> dict[str, Any]:
+    def get(self, args: dict[str, Any], name: str) -> Any:
         """The session's GPU readings (`frames`), host readings (`host_frames`), summaries and the workflow steps
-        that ran in its window (`steps`), as JSON"""
+        that ran in its window (`steps`), as JSON, from the archive and the streams: at most
+        profiling.export_max_readings readings a page; `next_cursor` asks for the next (`?cursor=`) and is null on
+        the last page, which carries the summaries of the whole window; `all=true` streams the whole window as one
+        document"""
         s = get_session(name)
-        doc = document(s)
+        window = window_of(s, args)
+        if args["all"]:
+            tail = {"request_time_info": s.request_time_info, "steps": step_spans(steps_in(window), *window)}
+            text = stream_with_context(stream_document(s, window, tail))
+            return Response(text, mimetype="application/json")
+        doc = export_page(s, window, args.get("cursor"), whole=not (args.get("start") or args.get("end")))
         doc["request_time_info"] = s.request_time_info
-        doc["steps"] = step_spans(steps_until(s.end_time), s.start_time, s.end_time)
+        doc["steps"] = step_spans(steps_in(window), *window) if doc["next_cursor"] is None else []
         return doc
 
 
@@ -154,13 +171,57 @@ class SessionRecord(MethodView):
 
 @blp.route("/profiler/recover")
 class SessionRecover(MethodView):
+    @blp.response(200, RecoverableSchema(many=True))
+    def get(self) -> list[dict[str, Any]]:
+        """Sessions a stopped control plane left behind: every active one (and each stopped one not yet sealed),
+        with its frames (archived, and still only in the streams), whether the nodes sample for it and when the
+        archiver last ran; `interrupted` says what `POST` would resume"""
+        return recoverable()
+
+    @blp.arguments(RecoverSchema)
     @blp.response(200, SessionSchema(many=True))
-    def post(self) -> list[ProfilerSession]:
-        """Publish every active session to the nodes again (after Redis lost them)"""
-        active = list(db.session.scalars(db.select(ProfilerSession).where(ProfilerSession.state == "active")))
+    def post(self, args: dict[str, Any]) -> list[ProfilerSession]:
+        """Resume active sessions (`name`: that one): published to the nodes again and their frames archived now,
+        whether the control worker runs or not"""
+        query = db.select(ProfilerSession).where(ProfilerSession.state == "active")
+        if args.get("name"):
+            s = get_session(args["name"])
+            if s.state != "active":
+                raise Conflict(f"name: session {s.name} is {s.state}, not running: nothing to resume",
+                               {"field": "name", "status": s.state})  # fmt: skip
+            query = query.where(ProfilerSession.name == s.name)
+        active = list(db.session.scalars(query))
         for s in active:
             publish(s)
+            resume_archive(s)
         return active
+
+
+@blp.route("/profiler/imports")
+class Imports(MethodView):
+    @blp.arguments(ImportSchema)
+    @blp.response(201, SessionSchema)
+    def post(self, args: dict[str, Any]) -> ProfilerSession:
+        """Begin importing a session (the original gswarm's, or an export from elsewhere): `importing` until
+        finished; its frames follow in `POST .../frames`; an unfinished import of that name starts over"""
+        return session_import.start_import(args)
+
+
+@blp.route("/profiler/imports/<string:name>/frames")
+class ImportFrames(MethodView):
+    @blp.arguments(ImportFramesSchema)
+    @blp.response(200)
+    def post(self, args: dict[str, Any], name: str) -> dict[str, Any]:
+        """Add frames to an import (each host's in time order, after those sent before; at most 10,000)"""
+        return {"name": name, "frames": session_import.add_frames(name, args["frames"])}
+
+
+@blp.route("/profiler/imports/<string:name>/finish")
+class ImportFinish(MethodView):
+    @blp.response(200, SessionSchema)
+    def post(self, name: str) -> ProfilerSession:
+        """Finish an import: its summaries are computed; it reads (export, plot) like a stopped session"""
+        return session_import.finish(name)
 
 
 @blp.route("/metrics/latest")
@@ -177,7 +238,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text format eve
 
 
 def _prometheus() -> Response:
-    return Response(prometheus_text(latest_frames(redis_client())), content_type=CONTENT_TYPE)
+    client = redis_client()  # the fleet's GPUs and hosts, then what the gateway measured (serve_stats)
+    return Response(prometheus_text(latest_frames(client)) + serving_text(client), content_type=CONTENT_TYPE)
 
 
 @blp.route("/metrics")
@@ -196,21 +258,25 @@ class RootMetrics(MethodView):
         return _prometheus()
 
 
-def steps_until(end: datetime | None) -> list[TaskRecord]:
-    """Workflow steps that started before `end` (now for an active session)."""
+MAX_SPANS = 10_000
+
+
+def steps_in(window: Window) -> list[TaskRecord]:
+    """Workflow steps that ran inside the window (the first MAX_SPANS of them)."""
+    lo, hi = window
     return list(
         db.session.scalars(
-            db.select(TaskRecord).where(
+            db.select(TaskRecord)
+            .where(
                 TaskRecord.workflow_id.is_not(None),
                 TaskRecord.started_at.is_not(None),
-                TaskRecord.started_at <= (end or datetime.now(UTC)),
+                TaskRecord.started_at <= hi,
+                db.or_(TaskRecord.finished_at.is_(None), TaskRecord.finished_at >= lo),
             )
+            .order_by(TaskRecord.started_at)
+            .limit(MAX_SPANS)
         )
     )
-
-
-class PlotArgsSchema(ma.Schema):
-    format = ma.fields.String(load_default="png", validate=ma.validate.OneOf(("png", "pdf")))
 
 
 @blp.route("/profiler/sessions/<string:name>/plot")
@@ -219,10 +285,10 @@ class SessionPlot(MethodView):
     @blp.doc(responses={"200": {"description": "The figure", "content": FIGURE}})
     def get(self, args: dict[str, Any], name: str) -> Response:
         """GPU utilization, memory, bandwidth and a heatmap, host CPU, DRAM, disk and network over time, with the
-        workflow steps as spans (PNG or PDF)"""
+        workflow steps as spans (PNG or PDF); bounded as the export is"""
         s = get_session(name)
-        doc = document(s)
-        data, panels = render(doc, step_spans(steps_until(s.end_time), s.start_time, s.end_time), args["format"])
+        window = window_of(s, args)
+        data, panels = render(document(s, window), step_spans(steps_in(window), *window), args["format"])
         resp = Response(data, mimetype="image/png" if args["format"] == "png" else "application/pdf")
         resp.headers["X-Panels"] = str(panels)
         return resp

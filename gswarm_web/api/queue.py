@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC
+import math
+from datetime import UTC, datetime
 from typing import Any
 
 import marshmallow as ma
@@ -14,6 +15,7 @@ from gswarm_tasks.errors import NotFound
 from gswarm_tasks.reporting import read_progress
 
 from ..control import task_state
+from ..control.queue_place import place
 from ..extensions import db, redis_client
 from ..tables import TaskRecord
 from ..workflows.cancel import cancel_step
@@ -67,9 +69,33 @@ class TaskSchema(ma.Schema):
         }
 
 
+def _place(rec: TaskRecord, key: str) -> Any:
+    cached = rec.__dict__.get("_queue_place")  # one computation for the three fields
+    if cached is None:
+        cached = rec.__dict__["_queue_place"] = place(rec)
+    return cached[key]
+
+
+class QueuedTaskSchema(TaskSchema):
+    """An operation as its start answers it: with its place in its node's queue (as the original's answer)."""
+
+    position = ma.fields.Function(
+        lambda rec: _place(rec, "position"),
+        metadata={"description": "its place among its node's queued operations (1: next; 0: running)"},
+    )
+    estimated_start = ma.fields.Function(
+        lambda rec: _place(rec, "estimated_start"),
+        metadata={"description": "seconds until it should start, from its node's recent operations; null: unknown"},
+    )
+    estimated_time = ma.fields.Function(
+        lambda rec: _place(rec, "estimated_time"),
+        metadata={"description": "seconds it should take (its bytes at the node's recent rate, or recent durations)"},
+    )
+
+
 @blp.route("/queue/tasks/<string:task_id>")
 class TaskById(MethodView):
-    @blp.response(200, TaskSchema)
+    @blp.response(200, QueuedTaskSchema)
     def get(self, task_id: str) -> TaskRecord:
         """One task: status, progress (bytes done / total), attempts, result or error"""
         rec = db.session.get(TaskRecord, task_id)
@@ -80,10 +106,41 @@ class TaskById(MethodView):
 
 ACTIVE_STATES = ("pending", "queued", "running")
 ALL_STATES = ("pending", "queued", "running", "succeeded", "failed", "cancelled", "skipped")
+# The original's status words: `completed` is gswarm's `succeeded`; its `pending` (not started) is `pending` or
+# `queued` (a workflow step waiting for its dependencies, an operation waiting on its node).
+ALIASES = {"completed": ("succeeded",), "pending": ("pending", "queued")}
+FINISHED = ("succeeded", "failed", "cancelled", "skipped")
+
+
+def states_of(status: str) -> tuple[str, ...]:
+    return ALIASES.get(status, (status,))
+
+
+class Since(ma.fields.Field):
+    """A time as epoch seconds (a number, as the original's `since`) or ISO 8601 (UTC unless it says)."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> datetime:
+        text = str(value).strip()
+        try:
+            number = float(text)
+        except ValueError:
+            number = None
+        if number is not None:
+            if not math.isfinite(number) or not 0 <= number < 253402300800:  # up to the year 9999
+                raise ma.ValidationError("epoch seconds between 0 and 253402300799")
+            return datetime.fromtimestamp(number, UTC)
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ma.ValidationError("epoch seconds (1700000000.5) or ISO 8601 (2025-01-31T12:00:00Z)") from exc
+        return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 class TaskListArgsSchema(PageArgsSchema):
-    status = ma.fields.String(validate=ma.validate.OneOf(ALL_STATES))
+    status = ma.fields.String(
+        validate=ma.validate.OneOf((*ALL_STATES, "completed")),
+        metadata={"description": "a status; the original's `completed` (succeeded) and `pending` (not started)"},
+    )
     node = ma.fields.String()
     workflow_id = ma.fields.String()
     kind = ma.fields.String()
@@ -91,8 +148,15 @@ class TaskListArgsSchema(PageArgsSchema):
 
 class HistoryArgsSchema(ma.Schema):
     limit = ma.fields.Integer(load_default=50, validate=ma.validate.Range(min=1, max=1000))
-    status = ma.fields.String(validate=ma.validate.OneOf(("succeeded", "failed", "cancelled", "skipped")))
-    since = ma.fields.DateTime(metadata={"description": "ISO 8601; only tasks that finished after it"})
+    status = ma.fields.String(
+        validate=ma.validate.OneOf((*FINISHED, "completed")), metadata={"description": "completed = succeeded"}
+    )
+    since = Since(
+        metadata={
+            "description": "only tasks that finished at or after it: epoch seconds (a number) or ISO 8601",
+            "type": "string",
+        }
+    )
 
 
 class TaskListSchema(PageSchema):
@@ -136,8 +200,9 @@ class Tasks(MethodView):
     def get(self, args: dict[str, Any]) -> dict[str, Any]:
         """Tasks, newest first (filters: status, node, workflow_id, kind)"""
         query = db.select(TaskRecord).order_by(TaskRecord.created_at.desc(), TaskRecord.id)
+        if "status" in args:
+            query = query.where(TaskRecord.state.in_(states_of(args["status"])))
         for key, col in (
-            ("status", TaskRecord.state),
             ("node", TaskRecord.node),
             ("workflow_id", TaskRecord.workflow_id),
             ("kind", TaskRecord.kind),
@@ -170,11 +235,8 @@ class History(MethodView):
         """Finished tasks, most recent first (limit, status, since)"""
         query = db.select(TaskRecord).where(TaskRecord.finished_at.is_not(None))
         if "status" in args:
-            query = query.where(TaskRecord.state == args["status"])
+            query = query.where(TaskRecord.state.in_(states_of(args["status"])))
         if "since" in args:
-            since = args["since"]
-            if since.tzinfo is None:
-                since = since.replace(tzinfo=UTC)
-            query = query.where(TaskRecord.finished_at >= since)
+            query = query.where(TaskRecord.finished_at >= args["since"])
         items = list(db.session.scalars(query.order_by(TaskRecord.finished_at.desc()).limit(args["limit"])))
         return {"tasks": items, "total": len(items), "page": 1, "per_page": args["limit"]}

@@ -6,127 +6,36 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-import marshmallow as ma
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
-from gswarm_tasks.devices import Auto, Device, parse_target
+from gswarm_tasks.devices import Auto, Device, parse_target, validate_node_name
+from gswarm_tasks.engines import choose, presets
 from gswarm_tasks.errors import InvalidRequest, NetworkError
 
-from ..control import reconciler, service_state
+from ..control import autoscaler, placement, reconciler, service_state, targets
+from ..control.devices import named, node_by_address
 from ..control.dispatch import require_node, send_recorded
 from ..control.model_state import get_model, require_gpu
-from ..control.service_state import REPLICA_STATES, SERVICE_STATES, get_service
-from ..extensions import db
+from ..control.routing import SERVICE_KEYS, split_config
+from ..control.service_state import get_service
+from ..extensions import db, settings
 from ..tables import Replica, Service, TaskRecord
-from .pagination import PageArgsSchema, PageSchema, page_of
+from .pagination import page_of
 from .queue import TaskSchema
+from .service_schemas import (
+    ScalingSchema,
+    ServiceCreateSchema,
+    ServiceListArgsSchema,
+    ServiceListSchema,
+    ServiceSchema,
+    ServiceStartedSchema,
+    ServiceStatusSchema,
+    ServiceUpdateSchema,
+    first_replica,
+)
 
 blp = Blueprint("services", __name__, url_prefix="/api/v1", description="Model services and their replicas")
-
-
-def first_replica(s: Service) -> Replica | None:
-    """The replica that speaks for a service in its flat fields: a running one, else a live one, else the newest."""
-    for wanted in (("running",), service_state.LIVE, REPLICA_STATES):
-        found = [r for r in s.members if r.status in wanted]
-        if found:
-            return found[0] if wanted != REPLICA_STATES else found[-1]
-    return None
-
-
-def _of_first(key: str) -> Any:
-    return lambda s: getattr(first_replica(s), key, None)
-
-
-class ReplicaSchema(ma.Schema):
-    id = ma.fields.String()
-    node = ma.fields.String()
-    device = ma.fields.String()
-    port = ma.fields.Integer(allow_none=True)
-    url = ma.fields.String(allow_none=True)
-    pid = ma.fields.Integer(allow_none=True)
-    status = ma.fields.String(metadata={"enum": list(REPLICA_STATES)})
-    status_message = ma.fields.String(allow_none=True)
-    healthy = ma.fields.Boolean(allow_none=True)
-    placement = ma.fields.Dict(allow_none=True, metadata={"description": "the chosen device, candidates, reasons"})
-    last_check_at = ma.fields.DateTime(allow_none=True)
-    started_at = ma.fields.DateTime(allow_none=True)
-    stopped_at = ma.fields.DateTime(allow_none=True)
-
-
-class ServiceSchema(ma.Schema):
-    id = ma.fields.String()
-    model_name = ma.fields.Function(lambda s: s.model.name)
-    requested_device = ma.fields.String(attribute="device", metadata={"description": "a device, or auto[:gpu|cpu]"})
-    node = ma.fields.Function(_of_first("node"), allow_none=True)
-    device = ma.fields.Function(lambda s: getattr(first_replica(s), "device", None) or s.device)
-    port = ma.fields.Function(_of_first("port"), allow_none=True)
-    url = ma.fields.Function(_of_first("url"), allow_none=True)
-    pid = ma.fields.Function(_of_first("pid"), allow_none=True)
-    healthy = ma.fields.Function(_of_first("healthy"), allow_none=True)
-    last_check_at = ma.fields.Function(lambda s: _iso(getattr(first_replica(s), "last_check_at", None)))
-    started_at = ma.fields.Function(lambda s: _iso(getattr(first_replica(s), "started_at", None)))
-    replicas = ma.fields.Integer(metadata={"description": "the count the service is kept at"})
-    ready_replicas = ma.fields.Function(lambda s: sum(r.status == "running" for r in s.members))
-    instances = ma.fields.List(ma.fields.Nested(ReplicaSchema), attribute="members")
-    backend = ma.fields.String()
-    config = ma.fields.Dict()
-    status = ma.fields.String(metadata={"enum": list(SERVICE_STATES)})
-    status_message = ma.fields.String(allow_none=True)
-    idle_timeout_s = ma.fields.Float(allow_none=True)
-    cold_start_timeout_s = ma.fields.Float()
-    gateway_model = ma.fields.Function(
-        lambda s: s.model.name, metadata={"description": "`model` at /v1 of the gateway"}
-    )
-    stopped_at = ma.fields.DateTime(allow_none=True)
-    created_at = ma.fields.DateTime()
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
-
-
-class ServiceStartedSchema(ServiceSchema):
-    task_id = ma.fields.String()
-
-
-class ServiceStatusSchema(ma.Schema):
-    id = ma.fields.String()
-    status = ma.fields.String()
-    healthy = ma.fields.Boolean(allow_none=True)
-    uptime_s = ma.fields.Float(allow_none=True)
-    last_check_at = ma.fields.DateTime(allow_none=True)
-    url = ma.fields.String(allow_none=True)
-    message = ma.fields.String(allow_none=True)
-    replicas = ma.fields.Integer()
-    ready_replicas = ma.fields.Integer()
-
-
-class ServiceCreateSchema(ma.Schema):
-    model_name = ma.fields.String(required=True)
-    device = ma.fields.String(
-        load_default="auto", metadata={"description": "node1:gpu0, node1:cpu, or auto / auto:gpu / auto:cpu (default)"}
-    )
-    replicas = ma.fields.Integer(load_default=1, validate=ma.validate.Range(min=1, max=64))
-    port = ma.fields.Integer(validate=ma.validate.Range(min=1024, max=65535))
-    config = ma.fields.Dict(load_default=dict)
-    idle_timeout_s = ma.fields.Float(validate=ma.validate.Range(min=1, max=30 * 86400))
-    cold_start_timeout_s = ma.fields.Float(load_default=120.0, validate=ma.validate.Range(min=1, max=3600))
-
-
-class ServiceUpdateSchema(ma.Schema):
-    replicas = ma.fields.Integer(validate=ma.validate.Range(min=1, max=64))
-    idle_timeout_s = ma.fields.Float(allow_none=True, validate=ma.validate.Range(min=1, max=30 * 86400))
-
-
-class ServiceListArgsSchema(PageArgsSchema):
-    status = ma.fields.String(validate=ma.validate.OneOf(SERVICE_STATES))
-    model_name = ma.fields.String()
-    node = ma.fields.String()
-
-
-class ServiceListSchema(PageSchema):
-    services = ma.fields.List(ma.fields.Nested(ServiceSchema))
 
 
 def _send(svc: Service) -> None:
@@ -140,48 +49,106 @@ def _send(svc: Service) -> None:
         raise
 
 
-def _check_config(config: dict[str, Any]) -> None:
-    """The built-in server's numbers, checked here rather than failing on the node."""
-    for key, low in (("threads", 0), ("max_batch_size", 1)):
-        value = config.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 4096):
-            raise InvalidRequest(f"config.{key}: an integer from {low} to 4096", {"field": f"config.{key}"})
+def _settings_of(args: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(the preset, the config the service keeps: the preset's parameters and the service's own keys); the
+    original's `config.port` and `config.replicas` are folded into `args` (422 when they disagree with the top)."""
+    engine_cfg, own = split_config(args["config"])
+    for key in ("port", "replicas"):
+        if key in own:
+            if args.get(key) is not None and args[key] != own[key]:
+                raise InvalidRequest(f"config.{key}: {own[key]} disagrees with {key} {args[key]}", {"field": key})
+            args[key] = own[key]
+    engine, params = choose(engine_cfg, presets(settings().serve_engines), args.get("engine"))
+    kept = {k: own[k] for k in SERVICE_KEYS if k in own and k not in ("port", "replicas")}
+    return engine, {**params, **kept}, args
 
 
 def _options(args: dict[str, Any]) -> dict[str, Any]:
-    return {k: args.get(k) for k in ("config", "idle_timeout_s", "cold_start_timeout_s")}
+    return {k: args.get(k) for k in ("idle_timeout_s", "cold_start_timeout_s")}
 
 
-def _pinned(model: Any, dev: Device, args: dict[str, Any]) -> tuple[Service, TaskRecord]:
+def _pinned(model: Any, dev: Device, args: dict[str, Any], engine: str, params: dict) -> tuple[Service, TaskRecord]:
     dev = dev.expect("device", gpu=True, cpu=True)
     require_node(str(dev.node), "device")
     if dev.is_gpu:
         require_gpu(dev, "device")
-    if args["replicas"] != 1:
-        raise InvalidRequest(
-            "replicas: a service pinned to one device has one replica; ask for device auto to have more",
-            {"field": "replicas"},
-        )
-    backend = str(args["config"].get("backend", "builtin"))
-    tier = service_state.check_pinned(model, dev, args.get("port"), backend)
-    svc = service_state.create(model, str(dev), 1, args.get("port"), backend, **_options(args))
+    for key in ("replicas", "autoscaling"):
+        if args.get(key) not in (None, 1):
+            raise InvalidRequest(
+                f"{key}: a service pinned to one device has one replica; ask for device auto to have more, or name "
+                "`nodes`",
+                {"field": key},
+            )
+    tier = service_state.check_pinned(model, dev, args.get("port"))
+    svc = service_state.create(model, str(dev), 1, args.get("port"), engine, config=params, **_options(args))
     return svc, service_state.start_replica(svc, service_state.add_replica(svc, dev), tier)
 
 
-def _auto(model: Any, target: Auto, args: dict[str, Any]) -> tuple[Service, TaskRecord]:
-    if target.kind in ("dram", "disk"):
+def _count(args: dict[str, Any], most: int | None = None) -> int:
+    """The replicas a service starts with: `replicas`, else its autoscaling's min_replicas (or 1)."""
+    if args.get("autoscaling") is None:
+        return int(args.get("replicas") or (most or 1))
+    return autoscaler.initial_replicas(args["autoscaling"], args.get("replicas"), most)
+
+
+def _auto(model: Any, target: Auto, args: dict[str, Any], engine: str, params: dict) -> tuple[Service, Any]:
+    _compute("device", target)
+    replicas, port = _count(args), args.get("port")
+    if port is not None and (replicas > 1 or args.get("autoscaling") is not None):
         raise InvalidRequest(
-            f"device: {target} is not a compute device (auto, auto:gpu or auto:cpu)", {"field": "device"}
+            "port: several replicas take a port each; leave it out (or name `nodes`)", {"field": "port"}
         )
-    if args.get("port") is not None and args["replicas"] > 1:
-        raise InvalidRequest("port: several replicas take a port each; leave it out", {"field": "port"})
-    backend = str(args["config"].get("backend", "builtin"))
-    if backend not in ("builtin", "command"):
-        raise InvalidRequest("config.backend: must be builtin or command", {"field": "config.backend"})
-    svc = service_state.create(model, str(target), args["replicas"], args.get("port"), backend, **_options(args))
+    svc = service_state.create(model, str(target), replicas, port, engine, config=params, **_options(args))
+    svc.autoscaling = args.get("autoscaling")
+    if replicas == 0:  # autoscaled from zero: placement is asked now, so a model that fits nowhere is refused
+        placement.choose(model, "serve", target, placement.current_load(model))
+        service_state.refresh(svc)
+        return svc, None
     first = reconciler.place_replica(svc)[1]  # nothing fits: the request is refused and nothing is written
     reconciler.fill(svc)
     return svc, first
+
+
+def _compute(field_: str, target: Auto) -> None:
+    if target.kind in ("dram", "disk"):
+        raise InvalidRequest(
+            f"{field_}: {target} is not a compute device (auto, auto:gpu or auto:cpu)", {"field": field_}
+        )
+
+
+def _on_nodes(model: Any, args: dict[str, Any], engine: str, params: dict) -> tuple[Service, Any]:
+    """One replica on each named node (the device on each chosen as `auto` would), kept there: a replica that is
+    lost is placed again on its node, never elsewhere."""
+    target = parse_target(named(args.get("device")), "device")
+    if not isinstance(target, Auto):
+        raise InvalidRequest(
+            f"device: {target} names one device; with `nodes` a device is chosen on each node (leave device out, or "
+            "give auto:gpu / auto:cpu)",
+            {"field": "device"},
+        )
+    _compute("device", target)
+    nodes: list[str] = []
+    for i, text in enumerate(args["nodes"]):
+        node = validate_node_name(node_by_address(text, f"nodes[{i}]"), f"nodes[{i}]")
+        if node in nodes:
+            raise InvalidRequest(f"nodes[{i}]: {node} is named twice", {"field": f"nodes[{i}]"})
+        require_node(node, f"nodes[{i}]")
+        if args.get("port") is not None and service_state.port_taken(node, args["port"]):
+            raise InvalidRequest(f"port: {args['port']} is taken by another service on {node}", {"field": "port"})
+        nodes.append(node)
+    if args.get("autoscaling") is None and args.get("replicas") is not None and args["replicas"] != len(nodes):
+        raise InvalidRequest(
+            f"replicas: {args['replicas']} for {len(nodes)} nodes; a service on `nodes` has one replica on each",
+            {"field": "replicas"},
+        )
+    config = {**params, "nodes": nodes}
+    count = _count(args, len(nodes))
+    svc = service_state.create(model, str(target), count, args.get("port"), engine, config=config,
+                               **_options(args))  # fmt: skip
+    svc.autoscaling = args.get("autoscaling")
+    first = [reconciler.place_replica(svc)[1] for _ in range(count)]  # one that does not fit refuses the request
+    service_state.refresh(svc)
+    return svc, first[0] if first else None
 
 
 @blp.route("/services")
@@ -202,16 +169,23 @@ class Services(MethodView):
     @blp.arguments(ServiceCreateSchema)
     @blp.response(202, ServiceStartedSchema)
     def post(self, args: dict[str, Any]) -> Any:
-        """Serve a model: on a named GPU or CPU, or `auto` with `replicas` placed where the weights are and there
-        is room (the decision is in each instance's `placement`)"""
+        """Serve a model: on a named GPU or CPU, `auto` with `replicas` placed where the weights are and there is
+        room, or one replica on each of `nodes` (the decision is in each instance's `placement`)"""
         model = get_model(args["model_name"])
-        _check_config(args["config"])
-        target = parse_target(args["device"], "device")
-        svc, rec = _auto(model, target, args) if isinstance(target, Auto) else _pinned(model, target, args)
-        task_id = rec.id
+        engine, params, args = _settings_of(targets.resolve(args, "device"))
+        if "nodes" in args:
+            svc, rec = _on_nodes(model, args, engine, params)
+        else:
+            target = parse_target(named(args["device"]), "device")
+            if isinstance(target, Auto):
+                svc, rec = _auto(model, target, args, engine, params)
+            else:
+                svc, rec = _pinned(model, target, args, engine, params)
+        task_id = rec.id if rec is not None else None
         db.session.commit()
         _send(svc)
-        svc.task_id = task_id  # not a column: the task that starts (or places) its first replica
+        autoscaler.prewarm(svc)
+        svc.task_id = task_id  # not a column: the task that starts (or places) its first replica (none at zero)
         return svc, 202
 
 
@@ -225,20 +199,18 @@ class ServiceById(MethodView):
     @blp.arguments(ServiceUpdateSchema)
     @blp.response(200, ServiceSchema)
     def patch(self, args: dict[str, Any], service_id: str) -> Service:
-        """Change a service's replica count (an auto service) or its idle timeout"""
+        """Change a service's replica count (an auto service; recorded as a scaling event), its autoscaling policy
+        (null: off) or its idle timeout"""
         svc = get_service(service_id)
         if svc.status in ("stopping", "stopped"):
             raise InvalidRequest(f"service {service_id} is {svc.status}", {"status": svc.status})
-        if "replicas" in args and args["replicas"] != svc.replicas:
-            if not service_state.is_auto(svc):
-                raise InvalidRequest("replicas: a service pinned to one device has one replica", {"field": "replicas"})
-            svc.replicas = args["replicas"]
-            if svc.status != "idle":
-                reconciler.fill(svc)
+        autoscaler.update(svc, args)
         if "idle_timeout_s" in args:
             svc.idle_timeout_s = args["idle_timeout_s"]
         db.session.commit()
         _send(svc)
+        if "autoscaling" in args:
+            autoscaler.prewarm(svc)
         return svc
 
     @blp.response(202, TaskSchema)
@@ -257,6 +229,15 @@ class ServiceById(MethodView):
         db.session.commit()
         send_recorded()
         return first
+
+
+@blp.route("/services/<string:service_id>/scaling")
+class ServiceScaling(MethodView):
+    @blp.response(200, ScalingSchema)
+    def get(self, service_id: str) -> dict[str, Any]:
+        """The autoscaler's view of a service: its policy, the load it sees (requests in flight per replica over
+        every web process, requests waiting in the gateway's queue) and its latest decisions, newest first"""
+        return autoscaler.report(get_service(service_id))
 
 
 @blp.route("/services/<string:service_id>/status")

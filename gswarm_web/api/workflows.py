@@ -14,9 +14,8 @@ from gswarm_tasks.errors import InvalidRequest, NotFound
 from ..extensions import db
 from ..tables import TaskRecord, WorkflowRun
 from ..workflows.cancel import cancel_workflow
-from ..workflows.compiler import segments
-from ..workflows.spec import load_document, validate
-from ..workflows.submit import submit
+from ..workflows.spec import load_document
+from ..workflows.submit import check, submit
 from .pagination import PageArgsSchema, PageSchema, page_of
 
 blp = Blueprint("workflows", __name__, url_prefix="/api/v1", description="Workflows: YAML DAGs run by the fleet")
@@ -145,9 +144,10 @@ class Workflows(MethodView):
 class WorkflowValidate(MethodView):
     @blp.response(200)
     def post(self) -> dict[str, Any]:
-        """Validate a workflow without running it"""
-        wf = validate(read_document())
-        return {"valid": True, "name": wf.name, "actions": len(wf.actions), "chains": len(segments(wf))}
+        """Validate a workflow without running it: every check a submission runs (the document, the fleet's nodes,
+        the registry, sources, URLs, placement, chunks), the same 4xx it would get; `steps` says where each would
+        run, `warnings` what would fail when it runs unless the fleet changes first (a GPU its node lacks)"""
+        return check(read_document())
 
 
 @blp.route("/workflows/<string:workflow_id>")
@@ -186,3 +186,14 @@ class WorkflowCancel(MethodView):
         cancel_workflow(run, reason="cancelled by request")
         db.session.commit()
         return run
+
+
+@blp.record_once
+def _original_job_paths(state: Any) -> None:
+    """The original gsmodel's job paths, as aliases of the workflow ones (same views, same checks): `POST /jobs`
+    (YAML or JSON), `POST /jobs/from-yaml` (a multipart `file`), `GET /jobs`, `GET /jobs/{id}/status`."""
+    add = state.app.add_url_rule
+    add("/api/v1/jobs", endpoint="workflows.Workflows", methods=["GET", "POST"])
+    add("/api/v1/jobs/from-yaml", endpoint="workflows.Workflows", methods=["POST"])
+    add("/api/v1/jobs/<string:workflow_id>", endpoint="workflows.WorkflowById", methods=["GET"])
+    add("/api/v1/jobs/<string:workflow_id>/status", endpoint="workflows.WorkflowById", methods=["GET"])

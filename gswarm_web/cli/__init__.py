@@ -16,11 +16,16 @@ from gswarm_tasks.settings import load_settings
 
 from .client import ApiClient
 from .data import data
+from .host import host
+from .importer import import_
+from .join import client
 from .model import model
+from .node import node, print_node
 from .placement import placement
 from .profiler import profiler
 from .schedule import schedule
-from .up import client, host, up
+from .serving import COMMANDS as SERVING_COMMANDS
+from .up import up
 from .workflow import queue, workflow
 
 console = Console(soft_wrap=True)
@@ -41,7 +46,7 @@ def human_bytes(n: Any) -> str:
     return str(n)
 
 
-STATUS_STYLE = {"healthy": "green", "unhealthy": "yellow", "offline": "red", "degraded": "yellow"}
+STATUS_STYLE = {"healthy": "green", "unhealthy": "yellow", "offline": "red", "degraded": "yellow", "missing": "red"}
 
 
 class GswarmGroup(click.Group):
@@ -70,12 +75,20 @@ main.add_command(up)
 main.add_command(host)
 main.add_command(client)
 main.add_command(model)
+main.add_command(node)
 main.add_command(workflow)
 main.add_command(queue)
 main.add_command(profiler)
 main.add_command(data)
 main.add_command(schedule)
 main.add_command(placement)
+main.add_command(import_)
+for _command in SERVING_COMMANDS:
+    model.add_command(_command)
+
+
+def seen_text(age: Any) -> str:
+    return f"{age:.0f} s ago" if isinstance(age, int | float) else "never"
 
 
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:
@@ -91,21 +104,32 @@ def nodes_table(nodes: list[dict[str, Any]]) -> Table:
             f"{n.get('cpu_count') or '-'} ({n.get('cpu_percent') or 0:.0f}%)",
             human_bytes(n.get("dram_total_bytes")),
             human_bytes(disk.get("free_bytes")),
-            f"{n.get('seconds_since_seen', 0):.0f} s ago",
+            seen_text(n.get("seconds_since_seen")),
         )
     return table
 
 
 @main.command()
-@click.option("--status", type=click.Choice(["healthy", "unhealthy", "offline"]), default=None)
+@click.option(
+    "--status",
+    type=click.Choice(["healthy", "unhealthy", "offline", "missing"]),
+    default=None,
+    help="missing: declared in config.yaml's nodes, not joined yet.",
+)
+@click.option(
+    "--verbose", "-v", is_flag=True, help="Each node in full: GPUs, storage tiers, what config.yaml declares."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the API's JSON.")
-def nodes(status: str | None, as_json: bool) -> None:
-    """List the nodes of the fleet."""
+def nodes(status: str | None, verbose: bool, as_json: bool) -> None:
+    """List the nodes of the fleet (and the ones config.yaml declares that have not joined: missing)."""
     body = api().get("nodes", status=status, per_page=500)
     if as_json:
         click.echo(json.dumps(body, indent=2))
-        return
-    console.print(nodes_table(body["nodes"]))
+    elif verbose:
+        for n in body["nodes"]:
+            print_node(n)
+    else:
+        console.print(nodes_table(body["nodes"]))
 
 
 @main.command()

@@ -24,6 +24,7 @@ from gswarm_tasks.errors import InvalidRequest, NetworkError
 from gswarm_tasks.settings import load_settings
 
 from .client import ApiClient, ApiError
+from .local import device_arg, is_bare_tier, local_node
 from .model import follow
 
 console = Console(soft_wrap=True)
@@ -73,14 +74,20 @@ def data() -> None:
 
 
 @data.command("list")
-@click.option("--device", default=None, help="Only chunks with a copy on this device (NODE:TIER).")
+@click.option("--device", default=None, help="Only chunks with a copy on this device (NODE:TIER; a bare tier: here).")
 @click.option("--type", "chunk_type", type=click.Choice(TYPES), default=None)
 @click.option("--page", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--per-page", type=click.IntRange(1, 500), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the API's JSON.")
 def list_chunks(device: str | None, chunk_type: str | None, page: int, per_page: int, as_json: bool) -> None:
     """List chunks, newest first."""
-    body = api().get("data", device=device, type=chunk_type, page=page, per_page=per_page)
+    settings = load_settings()
+    if device is not None and is_bare_tier(device):
+        here = local_node(settings)
+        if here is None:
+            raise click.UsageError(f"--device {device}: no node runs on this host; name it (NODE:{device})")
+        device = f"{here}:{device}"
+    body = ApiClient.from_settings(settings).get("data", device=device, type=chunk_type, page=page, per_page=per_page)
     if as_json:
         click.echo(json.dumps(body, indent=2))
         return
@@ -114,7 +121,12 @@ def list_chunks(device: str | None, chunk_type: str | None, page: int, per_page:
     help="A local file, sent inline as base64 (up to the server's data.max_inline, 16 MiB by default).",
 )
 @click.option("--data-b64", default=None, help="The bytes, base64-encoded.")
-@click.option("--device", required=True, help="Where to store it: NODE:disk or NODE:dram.")
+@click.option(
+    "--device",
+    default="dram",
+    show_default=True,
+    help="NODE:disk or NODE:dram; a bare disk or dram: this host's node, else auto:<tier> (placement chooses).",
+)
 @click.option("--type", "chunk_type", type=click.Choice(TYPES), default="input", show_default=True)
 @click.option("--format", "fmt", default=None, help="A format label (json, jsonl, bytes, ...).")
 @click.option("--metadata", default=None, help="A JSON object kept with the chunk.")
@@ -145,10 +157,11 @@ def create(
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--metadata") from exc
         if not isinstance(meta, dict):
             raise click.BadParameter("must be a JSON object", param_hint="--metadata")
+    settings = load_settings()
+    device = str(device_arg(device, None, "--device", settings))
     body: dict[str, Any] = {"device": device, "type": chunk_type, "metadata": meta}
     if fmt is not None:
         body["format"] = fmt
-    settings = load_settings()
     if file is not None:
         size = file.stat().st_size
         if size > settings.data_max_inline:
@@ -164,20 +177,17 @@ def create(
     c = ApiClient.from_settings(settings)
     created = c.post("data", body)
     chunk_id = created["chunk_id"]
-    if created.get("deduplicated"):
-        if as_json:
-            click.echo(json.dumps(created, indent=2))
-        else:
-            console.print(f"chunk {chunk_id}: the same bytes are already on {device} (deduplicated)")
-        return
+    shared = bool(created.get("deduplicated"))
     task = wait_task(c, created["task_id"], f"create {chunk_id[:8]}", not no_wait, quiet=as_json)
     if as_json:
         out = created if task["status"] != "succeeded" else c.get(f"data/{chunk_id}")
-        click.echo(json.dumps({**out, "task_id": created["task_id"], "deduplicated": False}, indent=2))
+        click.echo(json.dumps({**out, "task_id": created["task_id"], "deduplicated": shared}, indent=2))
         return
     if task["status"] == "succeeded":
         ch = c.get(f"data/{chunk_id}")
-        console.print(f"chunk {chunk_id} on {device}: {ch['status']}, {size_text(ch.get('size'))}")
+        note = " (deduplicated: its bytes are shared with equal bytes already there)" if shared else ""
+        where = ", ".join(loc["device"] for loc in ch["locations"]) or device
+        console.print(f"chunk {chunk_id} on {where}: {ch['status']}, {size_text(ch.get('size'))}{note}")
     else:
         console.print(f"chunk {chunk_id} is being created on {device}")
 

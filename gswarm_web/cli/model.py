@@ -1,4 +1,5 @@
-"""`gswarm model ...`: the original's model commands, over the API."""
+"""`gswarm model ...`: the original's model commands, over the API (serving: serving.py). A bare tier (`disk`,
+`gpu0`) means that tier of --node, else of the node this host runs, else `auto:<tier>`."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from gswarm_tasks import names
-from gswarm_tasks.devices import Device
-from gswarm_tasks.errors import InvalidRequest
+from gswarm_tasks.errors import ApiError
 from gswarm_tasks.settings import load_settings
 
 from .client import ApiClient
+from .local import device_arg, is_bare_tier, local_node
 
 console = Console(soft_wrap=True)
 
@@ -27,15 +28,23 @@ def api() -> ApiClient:
 
 
 def full_device(value: str | None, node: str | None, what: str) -> str | None:
-    """`gpu0` + `--node node1` -> `node1:gpu0`; a full `node1:gpu0` is kept as it is."""
-    if value is None:
-        return None
-    try:
-        return str(Device.parse(value, field=what, default_node=node))
-    except InvalidRequest:
-        if node is None:
-            raise click.UsageError(f"{what} {value!r} needs --node (or write it as NODE:{value})") from None
-        raise
+    """`gpu0` + `--node node1` -> `node1:gpu0`; without --node this host's node, else `auto:gpu`; a full
+    `node1:gpu0` is kept as it is."""
+    return device_arg(value, node, what, load_settings())
+
+
+SOURCE_KINDS = ("huggingface", "hf", "web")  # the original's `--source huggingface --url https://...`
+
+
+def source_url(source: str | None, url: str | None) -> str | None:
+    """The model's source from the original's two spellings: `--source URL`, or `--source huggingface --url URL`."""
+    if source in SOURCE_KINDS:
+        if not url:
+            raise click.UsageError(f"--source {source} needs --url (or give the URL itself: --source hf://org/repo)")
+        return url
+    if source and url and source != url:
+        raise click.UsageError("--source and --url both name a source: give one of them")
+    return source or url
 
 
 def follow(c: ApiClient, task: dict[str, Any], title: str, wait: bool = True) -> dict[str, Any]:
@@ -80,12 +89,19 @@ def model() -> None:
 @click.option("--location", default=None, help="A device, node or tier.")
 @click.option("--type", "model_type", default=None)
 @click.option("--status", default=None)
+@click.option("--verbose", "-v", is_flag=True, help="Every copy (status, path), every service, source, description.")
 @click.option("--json", "as_json", is_flag=True)
-def list_models(location: str | None, model_type: str | None, status: str | None, as_json: bool) -> None:
+def list_models(location: str | None, model_type: str | None, status: str | None, verbose: bool, as_json: bool) -> None:
     """List models."""
-    body = api().get("models", location=location, type=model_type, status=status, per_page=500)
+    c = api()
+    body = c.get("models", location=location, type=model_type, status=status, per_page=500)
     if as_json:
         click.echo(json.dumps(body, indent=2))
+        return
+    if verbose:
+        for m in body["models"]:
+            print_model(c.get(f"models/{m['model_name']}"))
+        console.print(f"{body['total']} model(s)")
         return
     table = Table("model", "type", "size", "status", "locations", "services")
     for m in body["models"]:
@@ -101,6 +117,18 @@ def list_models(location: str | None, model_type: str | None, status: str | None
     console.print(table)
 
 
+def print_model(m: dict[str, Any]) -> None:
+    """One model in full: what `list --verbose` shows of each."""
+    size = f"{m['model_size'] / 1e9:.2f} GB" if m.get("model_size") else "-"
+    console.print(f"[bold]{m['model_name']}[/] ({m['model_type']}, {size}): {m['status']}", highlight=False)
+    desc = (m.get("metadata") or {}).get("description")
+    console.print(f"  source      {m.get('source_url') or '-'}" + (f"\n  description {desc}" if desc else ""))
+    for loc in m.get("location_details") or []:
+        console.print(f"  copy        {loc['device']:<16} {loc['status']:<8} {loc.get('path') or ''}", highlight=False)
+    for dev, url in (m.get("services") or {}).items():
+        console.print(f"  serving     {dev}: {url}", highlight=False)
+
+
 @model.command("info")
 @click.argument("name")
 def info(name: str) -> None:
@@ -111,42 +139,83 @@ def info(name: str) -> None:
 @model.command("register")
 @click.argument("name")
 @click.option("--type", "model_type", required=True, help="llm, embedding, ...")
-@click.option(
-    "--source", "--url", "source", required=True, help="hf://org/repo[@rev], https://huggingface.co/..., file://"
-)
+@click.option("--source", default=None, help="hf://org/repo[@rev], https://huggingface.co/..., file://")
+@click.option("--url", default=None, help="The source URL (the original's spelling of --source).")
+@click.option("--desc", default=None, help="A description (kept as metadata.description).")
 @click.option("--trust-remote-code", is_flag=True)
 @click.option("--metadata", default=None, help="JSON object.")
-def register(name: str, model_type: str, source: str, trust_remote_code: bool, metadata: str | None) -> None:
+def register(
+    name: str,
+    model_type: str,
+    source: str | None,
+    url: str | None,
+    desc: str | None,
+    trust_remote_code: bool,
+    metadata: str | None,
+) -> None:
     """Register a model."""
+    src = source_url(source, url)
+    if not src:
+        raise click.UsageError("give the model's source: --source URL (or --url URL)")
+    try:
+        meta = json.loads(metadata) if metadata else {}
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--metadata") from exc
+    if not isinstance(meta, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--metadata")
+    if desc is not None:
+        meta["description"] = desc
     body = {
         "model_name": name,
         "model_type": model_type,
-        "source_url": source,
+        "source_url": src,
         "trust_remote_code": trust_remote_code,
-        "metadata": json.loads(metadata) if metadata else {},
+        "metadata": meta,
     }
     m = api().post("models", body)
     console.print(f"registered {m['model_name']} ({m['model_type']}) from {m['source_url']}")
 
 
+def registered(c: ApiClient, name: str) -> bool:
+    try:
+        c.get(f"models/{name}")
+    except ApiError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
 @model.command("download")
 @click.argument("name")
 @click.option("--device", default="disk", show_default=True, help="disk, dram or NODE:TIER.")
-@click.option("--node", default=None)
-@click.option("--source", "--url", "source", default=None, help="Overrides the registered source.")
+@click.option("--node", default=None, help="The node (default: this host's node, else placement chooses).")
+@click.option("--source", default=None, help="Overrides the registered source: a URL, or `huggingface` with --url.")
+@click.option("--url", default=None, help="The source URL (with --source huggingface).")
 @click.option("--type", "model_type", default=None, help="Registers the model first when it is unknown.")
 @click.option("--priority", default="normal", type=click.Choice(names.PRIORITY_NAMES))
 @click.option("--no-wait", is_flag=True)
 def download(
-    name: str, device: str, node: str | None, source: str | None, model_type: str | None, priority: str, no_wait: bool
+    name: str,
+    device: str,
+    node: str | None,
+    source: str | None,
+    url: str | None,
+    model_type: str | None,
+    priority: str,
+    no_wait: bool,
 ) -> None:
     """Download a model onto a node (progress bar until it is verified)."""
     c = api()
+    source = source_url(source, url)
     target = full_device(device, node, "--device")
-    if model_type and source:
-        known = c.get("models", per_page=500)["models"]
-        if name not in {m["model_name"] for m in known}:
-            c.post("models", {"model_name": name, "model_type": model_type, "source_url": source})
+    if source and not registered(c, name):
+        if not model_type:
+            raise click.UsageError(
+                f"{name} is not registered: add --type TYPE (llm, embedding, ...) to register it from --source, "
+                "or `gswarm model register` it first"
+            )
+        c.post("models", {"model_name": name, "model_type": model_type, "source_url": source})
     body = {"target_device": target, "priority": priority}
     if source:
         body["source_url"] = source
@@ -184,6 +253,18 @@ def copy(name: str, src: str, dst: str, node: str | None, bandwidth_limit: int |
     _move(name, src, dst, node, "copy", extra, not no_wait)
 
 
+def copy_on(c: ApiClient, name: str, device: str | None, node: str | None) -> str | None:
+    """The copy `--device` names: `NODE:TIER`, a tier of --node or this host's node, else the model's one copy on
+    that tier (several: name the node)."""
+    if device is None or not is_bare_tier(device) or node or local_node(load_settings()):
+        return full_device(device, node, "--device")
+    copies = [loc["device"] for loc in c.get(f"models/{name}")["location_details"] if loc["tier"] == device]
+    if len(copies) != 1:
+        have = f"copies on {', '.join(copies)}" if copies else f"no copy on a {device} tier"
+        raise click.UsageError(f"--device {device}: {name} has {have}; give --node (or NODE:{device})")
+    return str(copies[0])
+
+
 @model.command("delete")
 @click.argument("name")
 @click.option("--device", default=None, help="Delete one copy; without it the model and every copy go.")
@@ -192,7 +273,7 @@ def copy(name: str, src: str, dst: str, node: str | None, bandwidth_limit: int |
 def delete(name: str, device: str | None, node: str | None, force: bool) -> None:
     """Delete a model's copy on one device, or the whole model."""
     c = api()
-    dev = full_device(device, node, "--device")
+    dev = copy_on(c, name, device, node)
     if dev:
         follow(c, c.delete(f"models/{name}/locations/{dev}"), f"delete {name}")
         return
@@ -200,130 +281,6 @@ def delete(name: str, device: str | None, node: str | None, force: bool) -> None
     for t in tasks:
         follow(c, t, f"{t['kind']} {name}")
     console.print(f"{name} deleted" if not tasks else f"{name}: {len(tasks)} task(s) done")
-
-
-@model.command("serve")
-@click.argument("name")
-@click.option(
-    "--device", default="auto", show_default=True, help="auto, auto:gpu, auto:cpu, gpuN or cpu (--node), NODE:gpuN."
-)
-@click.option("--replicas", type=click.IntRange(1, 64), default=1, show_default=True)
-@click.option("--node", default=None)
-@click.option("--port", type=int, default=None)
-@click.option("--backend", type=click.Choice(["builtin", "command"]), default="builtin")
-@click.option("--command", "command", default=None, help="Template for the command backend.")
-@click.option("--idle-timeout", type=float, default=None, help="Seconds without requests before it is unloaded.")
-@click.option("--timeout", type=float, default=600, show_default=True, help="Seconds to wait for the replicas.")
-@click.option("--no-wait", is_flag=True)
-def serve(
-    name: str,
-    device: str,
-    replicas: int,
-    node: str | None,
-    port: int | None,
-    backend: str,
-    command: str | None,
-    idle_timeout: float | None,
-    timeout: float,
-    no_wait: bool,
-) -> None:
-    """Serve a model (N replicas behind the gateway) and wait until they answer."""
-    c = api()
-    config: dict[str, Any] = {"backend": backend}
-    if command:
-        config["command"] = command
-    target = device if device.startswith("auto") else full_device(device, node, "--device")
-    body: dict[str, Any] = {"model_name": name, "device": target, "config": config, "replicas": replicas}
-    if port:
-        body["port"] = port
-    if idle_timeout:
-        body["idle_timeout_s"] = idle_timeout
-    svc = c.post("services", body)
-    for r in svc["instances"]:
-        chosen = (r.get("placement") or {}).get("loaded_from")
-        console.print(f"replica {r['id'][:8]} -> {r['device']}" + (f" (weights from {chosen})" if chosen else ""))
-    if not no_wait:
-        svc = wait_replicas(c, svc["id"], replicas, timeout)
-    console.print(
-        f"service {svc['id']} ({svc['ready_replicas']}/{svc['replicas']} ready, {svc['status']}): "
-        f"{c.base_url}/v1 model={svc['gateway_model']}"
-    )
-
-
-def wait_replicas(c: ApiClient, service_id: str, count: int, timeout: float) -> dict[str, Any]:
-    """Poll a service until `count` replicas run; exit 1 when it fails or the wait runs out."""
-    deadline = time.monotonic() + timeout
-    with console.status(f"waiting for {count} replica(s)") as status:
-        while True:
-            svc = c.get(f"services/{service_id}")
-            status.update(f"{svc['ready_replicas']}/{count} replica(s) running ({svc['status']})")
-            if svc["ready_replicas"] >= count and svc["status"] == "running":
-                return svc
-            if svc["status"] in ("failed", "stopped") or time.monotonic() > deadline:
-                console.print(f"[red]service {service_id} {svc['status']}[/]: {svc.get('status_message') or ''}")
-                sys.exit(1)
-            time.sleep(0.5)
-
-
-def live_service(c: ApiClient, name: str) -> dict[str, Any]:
-    found = [
-        s
-        for s in c.get("services", per_page=500)["services"]
-        if name in (s["id"], s["model_name"]) and s["status"] not in ("stopping", "stopped", "failed")
-    ]
-    if len(found) != 1:
-        what = "no live service" if not found else f"{len(found)} live services (name one by id)"
-        raise click.ClickException(f"{what} of {name}")
-    return found[0]
-
-
-@model.command("scale")
-@click.argument("name_or_service")
-@click.argument("replicas", type=click.IntRange(1, 64))
-@click.option("--timeout", type=float, default=600, show_default=True)
-@click.option("--no-wait", is_flag=True)
-def scale(name_or_service: str, replicas: int, timeout: float, no_wait: bool) -> None:
-    """Keep a model's service at REPLICAS replicas (placement chooses where new ones go)."""
-    c = api()
-    svc = c.request("PATCH", f"services/{live_service(c, name_or_service)['id']}", json={"replicas": replicas})
-    if not no_wait:
-        svc = wait_replicas(c, svc["id"], replicas, timeout)
-    console.print(f"service {svc['id']}: {svc['ready_replicas']}/{svc['replicas']} replicas running")
-
-
-@model.command("stop")
-@click.argument("name_or_service")
-@click.option("--device", default=None, help="Only the service on this device.")
-@click.option("--node", default=None)
-def stop(name_or_service: str, device: str | None, node: str | None) -> None:
-    """Stop a model's services (or one service by id)."""
-    c = api()
-    dev = full_device(device, node, "--device")
-    running = [
-        s
-        for s in c.get("services", per_page=500)["services"]
-        if s["status"] in ("starting", "running", "unhealthy")
-        and name_or_service in (s["id"], s["model_name"])
-        and (dev is None or s["device"] == dev)
-    ]
-    if not running:
-        raise click.ClickException(f"no running service of {name_or_service}")
-    for s in running:
-        follow(c, c.delete(f"services/{s['id']}"), f"stop {s['id'][:8]}")
-
-
-@model.command("services")
-@click.option("--json", "as_json", is_flag=True)
-def services(as_json: bool) -> None:
-    """List services."""
-    body = api().get("services", per_page=500)
-    if as_json:
-        click.echo(json.dumps(body, indent=2))
-        return
-    table = Table("id", "model", "device", "status", "healthy", "url")
-    for s in body["services"]:
-        table.add_row(s["id"][:8], s["model_name"], s["device"], s["status"], str(s["healthy"]), s["url"] or "-")
-    console.print(table)
 
 
 @model.command("status")

@@ -36,12 +36,15 @@ class _Running:
 
 
 class Supervisor:
-    """Each child runs in its own process group so a stop reaches its pool processes too."""
+    """Each child runs in its own process group, so the SIGKILL that ends a stop reaches its pool processes too."""
 
     max_restarts_per_minute = 5
 
-    def __init__(self, stop_timeout_s: float = 20.0) -> None:
+    def __init__(self, stop_timeout_s: float = 3.0, last_stop_timeout_s: float = 0.5) -> None:
+        # Within 5 s of a stop everything is gone: gunicorn's graceful timeout (2 s) fits the first budget; a worker
+        # still busy then is killed and its task redelivered (late acks), as after a crash.
         self.stop_timeout_s = stop_timeout_s
+        self.last_stop_timeout_s = last_stop_timeout_s
         self.running: list[_Running] = []
         self.stopping = False
 
@@ -103,11 +106,13 @@ class Supervisor:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def _stop_group(self, group: list[_Running]) -> None:
+    def _stop_group(self, group: list[_Running], timeout_s: float) -> None:
         for r in group:
+            # The polite signal goes to the leader alone: a Celery worker or gunicorn master then stops its own
+            # pool (a pool process sent SIGTERM as well dies mid-task, is replaced, and holds up the shutdown).
             if r.proc.poll() is None:
-                self._signal_group(r, r.spec.stop_signal)
-        deadline = time.monotonic() + self.stop_timeout_s
+                r.proc.send_signal(r.spec.stop_signal)
+        deadline = time.monotonic() + timeout_s
         while any(r.proc.poll() is None for r in group) and time.monotonic() < deadline:
             time.sleep(0.05)
         for r in group:
@@ -120,5 +125,5 @@ class Supervisor:
     def stop(self) -> None:
         """Stop every child at once (the broker last): a polite signal, then SIGKILL for what remains."""
         self.stopping = True
-        self._stop_group([r for r in self.running if not r.spec.last])
-        self._stop_group([r for r in self.running if r.spec.last])
+        self._stop_group([r for r in self.running if not r.spec.last], self.stop_timeout_s)
+        self._stop_group([r for r in self.running if r.spec.last], self.last_stop_timeout_s)

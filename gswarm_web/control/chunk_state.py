@@ -7,7 +7,7 @@ step) reports the verified copy in place, and removed when a node reports the co
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from sqlalchemy import func, inspect, or_
@@ -21,6 +21,7 @@ from gswarm_tasks.storage import prefix as storage_prefix
 from ..extensions import db, settings
 from ..tables import ChunkLocation, ChunkRef, DataChunk, Node, TaskRecord, WorkflowRun
 from .dispatch import peer_source, record
+from .locking import lock
 from .node_state import node_status
 
 log = logging.getLogger(__name__)
@@ -70,15 +71,15 @@ def expected_of(chunk: DataChunk) -> dict[str, Any]:
     return {"size": chunk.size, "blake3": chunk.blake3, "checksum": chunk.checksum, "blocks": chunk.block_hashes}
 
 
-def source_of(chunk: DataChunk, loc: ChunkLocation, dest_node: str, ttl_s: float | None = None) -> dict[str, Any]:
-    """What `dest_node` needs to copy `chunk` from `loc`: for a peer, its file server and a token for this
-    chunk only."""
+def source_of(chunk: DataChunk, loc: ChunkLocation, dest_node: str) -> dict[str, Any]:
+    """What `dest_node` needs to copy `chunk` from `loc`: for a peer, its file server and the chunk's prefix (the
+    destination signs its own token for it)."""
     if loc.node == dest_node:
         return {"node": loc.node, "tier": loc.tier}
     node = db.session.get(Node, loc.node)
     if node is None:
         raise NotFound(f"{loc.node} is not registered", {"node": loc.node})
-    return peer_source(node, loc.tier, storage_prefix(loc.tier, "data", chunk.id), ttl_s)
+    return peer_source(node, loc.tier, storage_prefix(loc.tier, "data", chunk.id))
 
 
 def location_view(chunk: DataChunk, loc: ChunkLocation) -> dict[str, Any]:
@@ -96,8 +97,12 @@ def location_view(chunk: DataChunk, loc: ChunkLocation) -> dict[str, Any]:
     }
 
 
-def get_chunk(chunk_id: str, field: str = "chunk_id") -> DataChunk:
-    chunk = db.session.get(DataChunk, chunk_id) if isinstance(chunk_id, str) and len(chunk_id) <= 36 else None
+def get_chunk(chunk_id: str, field: str = "chunk_id", locked: bool = False) -> DataChunk:
+    """The chunk (404 naming `field` if there is none); `locked`: its row locked until the caller commits, with
+    its copies and references read again, so what the caller checks stays true until it has acted."""
+    chunk = None
+    if isinstance(chunk_id, str) and len(chunk_id) <= 36:
+        chunk = lock(DataChunk, DataChunk.id == chunk_id) if locked else db.session.get(DataChunk, chunk_id)
     if chunk is None:
         raise NotFound(f"{field}: no data chunk {chunk_id!r}", {"field": field, "chunk_id": chunk_id})
     return chunk
@@ -187,12 +192,12 @@ def unlock_chunks() -> None:
     db.session.info.pop(_LOCKED, None)
 
 
-def _locked_chunk(chunk_id: Any) -> DataChunk | None:
+def _locked_chunk(chunk_id: Any, skip_locked: bool = False) -> DataChunk | None:
     """The chunk row, locked: two copies removed at once must not each see the other still there."""
     chunk = db.session.info.get(_LOCKED, {}).get(chunk_id)
     if chunk is not None and inspect(chunk).persistent and chunk not in db.session.deleted:
         return cast(DataChunk, chunk)
-    return db.session.get(DataChunk, chunk_id, with_for_update=True, populate_existing=True)
+    return lock(DataChunk, DataChunk.id == chunk_id, skip_locked=skip_locked)
 
 
 def chunk_ids_of(rec: TaskRecord) -> list[str]:
@@ -307,10 +312,13 @@ def enforce_dram_capacity(nodes: list[str] | None = None) -> list[str]:
         ).all()
         if held is None:
             held = set(db.session.scalars(live_refs()))
-        for chunk, loc in candidates:
+        for candidate, loc in candidates:
             if used <= cap:
                 break
-            if chunk.id in held:
+            if candidate.id in held:
+                continue
+            chunk = _locked_chunk(candidate.id, skip_locked=True)  # a pin may be deciding: check again, held
+            if chunk is None or holders(chunk) or sum(x.status == "available" for x in chunk.locations) < 2:
                 continue
             delete_copy(chunk.id, loc.device, "evicted: dram over capacity")
             used -= int(chunk.size or 0)
@@ -318,43 +326,6 @@ def enforce_dram_capacity(nodes: list[str] | None = None) -> list[str]:
         if used > cap:
             log.warning("%s:dram stays over capacity (%d > %d): the rest are only copies or held", node, used, cap)
     return evicted
-
-
-def collect_garbage() -> dict[str, int]:
-    """Remove intermediate chunks nobody holds once they are older than the TTL (by last access), and
-    failed chunks that never got a copy."""
-    cutoff = now() - timedelta(seconds=settings().data_intermediate_ttl_s)
-    stale = func.coalesce(DataChunk.last_accessed, DataChunk.created_at) < cutoff
-    held = live_refs()
-    doomed = list(
-        db.session.scalars(
-            db.select(DataChunk).where(
-                DataChunk.chunk_type == "intermediate",
-                DataChunk.status == "available",
-                stale,
-                DataChunk.id.not_in(held),
-            )
-        )
-    )
-    removed_rows = 0
-    for chunk in doomed:
-        chunk.status, chunk.status_message = "deleting", "collected: unreferenced intermediate past its TTL"
-        for loc in list(chunk.locations):
-            delete_copy(chunk.id, loc.device, "collected")
-        if not chunk.locations:
-            db.session.delete(chunk)
-            removed_rows += 1
-    failed = list(
-        db.session.scalars(db.select(DataChunk).where(DataChunk.status == "failed", DataChunk.created_at < cutoff))
-    )
-    for chunk in failed:
-        if not chunk.locations:
-            db.session.delete(chunk)
-            removed_rows += 1
-    db.session.commit()
-    evicted = enforce_dram_capacity()
-    db.session.commit()
-    return {"collected": len(doomed), "rows_removed": removed_rows, "evicted": len(evicted)}
 
 
 # ---- workflows ------------------------------------------------------------------------------------------------
@@ -374,7 +345,7 @@ def record_step_chunk(step: TaskRecord, outputs: dict[str, Any]) -> None:
     if not cid or not outputs.get("device"):
         return
     params = dict((step.params or {}).get("params") or {})
-    chunk = db.session.get(DataChunk, cid)
+    chunk = _locked_chunk(cid)
     if chunk is None:
         chunk = DataChunk(
             id=cid,

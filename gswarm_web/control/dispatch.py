@@ -2,20 +2,23 @@
 
 The row is the outbox: `record()` adds it in the caller's transaction with the message it will carry, and
 `send_recorded()` sends what this session recorded once the caller committed. A row that never reached the
-broker (a crash in between) is sent by `resend_unsent()`, which the beat sweep runs. Dispatch knows nodes and
-tasks, never what an operation means to a model, a chunk or a service.
+broker (a crash in between) is sent by `resend_unsent()`, and one whose message reached it but no node
+(`resend_untaken()`), by the beat sweep. Dispatch knows nodes and tasks, never what an operation means to a
+model, a chunk or a service.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from gswarm_tasks import names
 from gswarm_tasks.celery_app import send_to_node
-from gswarm_tasks.errors import Conflict, NetworkError, NotFound, ResourceUnavailable
+from gswarm_tasks.errors import NetworkError, NotFound, ResourceUnavailable
 from gswarm_tasks.transfer.tokens import sign_token, transfer_secret
 
 from ..extensions import db, redis_client, sender, settings
@@ -42,19 +45,6 @@ def require_node(name: str, field: str) -> Node:
     if node_status(node, now(), s.heartbeat_timeout_s, s.offline_after_s) == "offline":
         raise ResourceUnavailable(f"{field}: node {name!r} is offline", {"field": field, "node": name})
     return node
-
-
-def active_conflict(model: str, device: str) -> None:
-    """Refuse a second operation on a model's copy on `device` while one is under way."""
-    busy = db.session.scalar(
-        db.select(TaskRecord.id).where(
-            TaskRecord.model_name == model,
-            TaskRecord.state.in_(ACTIVE),
-            (TaskRecord.target_device == device) | (TaskRecord.source_device == device),
-        )
-    )
-    if busy:
-        raise Conflict(f"{model} on {device} is busy with task {busy}", {"task_id": busy, "device": device})
 
 
 def record(
@@ -202,19 +192,104 @@ def resend_unsent(older_than_s: float = 5.0) -> int:
     return len(rows)
 
 
+def resend_untaken(older_than_s: float, confirm_s: float = 5.0, limit: int = 200) -> int:
+    """Send again the operations whose message reached the broker but no node, and return how many.
+
+    A node worker killed during its blocking read can take a message with it: Redis hands the message to the dead
+    connection, so it is in no queue and in no worker's unacknowledged set, and its row stays `queued` (dispatched)
+    forever. Such a row is sent again when it is older than `older_than_s`, its node is healthy and its queue empty
+    (so the message is not waiting behind others), no worker recorded a delivery of it (the deliveries key of
+    `before_start`) and none holds it unacknowledged; and when all of that was already so `confirm_s` earlier (a
+    live worker between reading a message and recording it is never taken for a dead one). Nothing of it ran, and
+    a node runs an operation once by its id (`reporting.run_op`), so sending it again is safe.
+    """
+    cutoff = now() - timedelta(seconds=older_than_s)
+    rows = list(
+        db.session.scalars(
+            db.select(TaskRecord)
+            .where(
+                TaskRecord.workflow_id.is_(None),
+                TaskRecord.state == "queued",
+                TaskRecord.dispatched.is_(True),
+                TaskRecord.message.is_not(None),
+                TaskRecord.created_at < cutoff,
+            )
+            .order_by(TaskRecord.created_at)
+            .limit(limit)
+        )
+    )
+    if not rows:
+        return 0
+    client = redis_client()
+    pipe = client.pipeline(transaction=False)
+    for rec in rows:
+        pipe.exists(names.deliveries_key(rec.id, 0))
+    rows = [rec for rec, delivered in zip(rows, pipe.execute(), strict=True) if not delivered]
+    lost = _not_held(client, [rec for rec in rows if _healthy(rec.node)])
+    due = _confirmed(client, lost, confirm_s, older_than_s)
+    for rec in due:
+        log.warning("operation %s (%s) was taken by no worker of %s: sending it again", rec.id, rec.kind, rec.node)
+    if due:
+        db.session.info[_OUTBOX] = [_Outgoing(rec) for rec in due]
+        try:
+            send_recorded()
+        except NetworkError as exc:
+            log.warning("resending untaken operations failed: %s", exc)
+    return len(due)
+
+
+def _healthy(name: str | None) -> bool:
+    node = db.session.get(Node, name) if name else None
+    s = settings()
+    return node is not None and node_status(node, now(), s.heartbeat_timeout_s, s.offline_after_s) == "healthy"
+
+
+def _not_held(client: Any, rows: list[TaskRecord]) -> list[TaskRecord]:
+    """The rows whose node's queue is empty and whose message no worker holds unacknowledged."""
+    if not rows:
+        return []
+    with sender().connection_for_write() as conn:
+        channel = conn.default_channel
+        nodes = {str(rec.node) for rec in rows}
+        pipe = client.pipeline(transaction=False)
+        for node in sorted(nodes):
+            for pri in names.PRIORITY_STEPS:
+                pipe.llen(channel._q_for_pri(node, pri))
+        lengths = iter(pipe.execute())
+        busy = {node for node in sorted(nodes) if sum(next(lengths) for _ in names.PRIORITY_STEPS)}
+        rows = [rec for rec in rows if rec.node not in busy]
+        wanted = {rec.id.encode() for rec in rows}
+        held: set[bytes] = set()
+        for _tag, raw in client.hscan_iter(channel.unacked_key) if wanted else ():
+            held.update(i for i in wanted if i in raw)
+    return [rec for rec in rows if rec.id.encode() not in held]
+
+
+def _confirmed(client: Any, rows: list[TaskRecord], confirm_s: float, keep_s: float) -> list[TaskRecord]:
+    """The rows already seen lost at least `confirm_s` ago; the others are marked now."""
+    if not rows:
+        return []
+    at = time.time()
+    pipe = client.pipeline(transaction=False)
+    for rec in rows:
+        pipe.set(names.untaken_key(rec.id), at, nx=True, ex=int(max(60.0, 10 * keep_s)))
+        pipe.get(names.untaken_key(rec.id))
+    replies = pipe.execute()
+    due = [rec for i, rec in enumerate(rows) if at - float(replies[2 * i + 1] or at) >= confirm_s]
+    if due:
+        client.delete(*[names.untaken_key(rec.id) for rec in due])
+    return due
+
+
 def peer_source(node: Node, tier: str, prefix: str, ttl_s: float | None = None) -> dict[str, Any]:
-    """Where a destination pulls from a peer: its file server, and a token for files under `prefix` only."""
+    """Where a destination pulls from a peer: its file server and the prefix to read. No token: the destination
+    signs its own, for that prefix and a few minutes, when it starts pulling, so none travels in a task's arguments
+    (the broker keeps them, Flower shows them). `ttl_s` is not used (kept for callers that still pass it)."""
     if not node.file_port or not node.address:
         raise ResourceUnavailable(f"{node.name} announced no file server", {"node": node.name})
-    s = settings()
-    token = sign_token(
-        transfer_secret(redis_client(), s.transfer_secret), node.name, prefix, ttl_s or s.transfer_token_ttl_s
-    )
-    return {
-        "node": node.name,
-        "tier": tier,
-        "address": node.address,
-        "port": node.file_port,
-        "token": token,
-        "prefix": prefix,
-    }
+    return {"node": node.name, "tier": tier, "address": node.address, "port": node.file_port, "prefix": prefix}
+
+
+def read_token(node: str, prefix: str, ttl_s: float) -> str:
+    """A token for the control plane itself to read `prefix` from `node`'s file server (it never leaves here)."""
+    return sign_token(transfer_secret(redis_client(), settings().transfer_secret), node, prefix, ttl_s)

@@ -1,5 +1,6 @@
 """The frames consumer: reads every node's frame stream through one consumer group and keeps each node's newest
-frame (for `/metrics`, the dashboard and liveness); sessions read their windows from the streams themselves."""
+frame (for `/metrics`, the dashboard and liveness); beside it, in the control worker, the archiver keeps the frames
+of every session durably (`archiver.py`), and sessions read their windows from the archive and the streams."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import time
 from typing import Any
 
 import redis
+from flask import Flask
 
 from gswarm_tasks import names
+
+from .archiver import Archiver
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +27,16 @@ class FramesConsumer:
     Streams are found by name (`gswarm:frames:*`) every few seconds, so a new node needs no restart.
     """
 
-    def __init__(self, client: redis.Redis, consumer: str, batch: int = 5000, block_ms: int = 500) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        consumer: str,
+        batch: int = 5000,
+        block_ms: int = 500,
+        archiver: Archiver | None = None,
+    ) -> None:
         self.client = client
+        self.archiver = archiver
         self.consumer = consumer
         self.batch = batch
         self.block_ms = block_ms
@@ -93,16 +105,26 @@ class FramesConsumer:
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="gswarm-frames", daemon=True)
         self._thread.start()
+        if self.archiver is not None:
+            self.archiver.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self.archiver is not None:
+            self.archiver.request_stop()
         if self._thread is not None:
             self._thread.join(timeout=3)
+        if self.archiver is not None:
+            self.archiver.stop()
 
 
-def frames_consumer(redis_url: str, consumer: str | None = None) -> FramesConsumer:
+def frames_consumer(redis_url: str, consumer: str | None = None, app: Flask | None = None) -> FramesConsumer:
+    """The consumer, and with the control worker's Flask app the archiver of sessions' frames."""
     client = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
-    return FramesConsumer(client, consumer or f"frames-{os.getpid()}")
+    archiver = None
+    if app is not None:
+        archiver = Archiver(app, redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5))
+    return FramesConsumer(client, consumer or f"frames-{os.getpid()}", archiver=archiver)
 
 
 def latest_frames(client: redis.Redis) -> dict[str, dict[str, Any]]:

@@ -1,7 +1,8 @@
 """Models' state: the registry rows, where each model's verified copies are, and its status while operations run.
 
 A location is recorded only when a node reports the copy complete and verified; a model is `ready` while it has
-one, and its status follows the phase of the operation under way.
+one, and its status follows the phase of the operation under way. A model that lost its last copy, or whose every
+copy is on an offline node, reads `unavailable`.
 """
 
 from __future__ import annotations
@@ -10,17 +11,22 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy import ColumnElement, and_, not_, or_
+
 from gswarm_tasks import names
 from gswarm_tasks.devices import Device, safe_name
-from gswarm_tasks.errors import InvalidRequest, ModelNotFound, NetworkError, ResourceUnavailable
+from gswarm_tasks.errors import Conflict, InvalidRequest, ModelNotFound, NetworkError, ResourceUnavailable
 
-from ..extensions import db
+from ..extensions import db, settings
 from ..tables import Model, ModelLocation, Node, TaskRecord
 from .dispatch import ACTIVE, dispatch, record
+from .locking import lock
+from .node_state import status_clause
 
-MODEL_KINDS = ("download", "copy", "move", "delete")
+MODEL_KINDS = ("download", "copy", "move", "delete", "register")
 PHASE_STATUS = {"downloading", "copying", "moving", "verifying", "deleting", "starting"}
-STATUSES = ("registered", "queued", "downloading", "copying", "moving", "verifying", "ready", "failed")
+STATUSES = ("registered", "queued", "downloading", "copying", "moving", "verifying", "ready", "unavailable", "failed")
+LOST = "its last copy was removed"
 
 
 def now() -> datetime:
@@ -35,8 +41,55 @@ def get_model(name: str, field: str = "model_name") -> Model:
     return model
 
 
-def find_model(name: str | None) -> Model | None:
-    return db.session.scalar(db.select(Model).where(Model.name == name)) if name else None
+def find_model(name: str | None, locked: bool = False) -> Model | None:
+    if not name:
+        return None
+    if locked:
+        return lock(Model, Model.name == name)
+    return db.session.scalar(db.select(Model).where(Model.name == name))
+
+
+def locked_model(name: str, field: str = "model_name") -> Model:
+    """The model, its row locked until the caller commits: operations on one model are decided one at a time."""
+    get_model(name, field)
+    model = find_model(name, locked=True)
+    if model is None:
+        raise ModelNotFound(f"{field}: model {name!r} is not registered", {"field": field, "model_name": name})
+    return model
+
+
+def _touches(rec: TaskRecord) -> tuple[set[str], set[str]]:
+    """(the copies an operation under way writes or removes, the copies it reads)."""
+    params = rec.params or {}
+    inner = params.get("params") or {}  # a workflow step keeps its action's fields here
+    source = rec.source_device or (inner.get("device") if rec.kind == "delete" else None)
+    writes = {rec.target_device} if rec.target_device else set()
+    reads: set[str] = set()
+    if source and source != "web":
+        keep = params.get("keep_source", inner.get("keep_source", False))
+        if rec.kind == "delete" or (rec.kind == "move" and not keep and not params.get("cross_node")):
+            writes.add(source)
+        else:
+            reads.add(source)
+    return writes, reads
+
+
+def refuse_busy(model: Model, writes: set[str], reads: set[str] | None = None, any_op: bool = False) -> None:
+    """409 naming the operation under way when one writes what this one touches, or touches what this one writes
+    (every one with `any_op`); call with the model locked: the check and the record that follows are one step."""
+    if model.status_message == "deleting":
+        raise Conflict(f"{model.name} is being deleted", {"model_name": model.name})
+    busy = db.session.scalars(
+        db.select(TaskRecord).where(TaskRecord.model_name == model.name, TaskRecord.state.in_(ACTIVE))
+    )
+    for rec in busy:
+        w, r = _touches(rec)
+        clash = sorted((writes & (w | r)) | ((reads or set()) & w)) or ([sorted(w | r or {"?"})[0]] if any_op else [])
+        if clash:
+            raise Conflict(
+                f"{model.name} on {clash[0]} is busy with task {rec.id} ({rec.kind}, {rec.state})",
+                {"task_id": rec.id, "device": clash[0], "kind": rec.kind, "model_name": model.name},
+            )
 
 
 def ready_location(model: Model, device: Device, field: str) -> ModelLocation:
@@ -107,8 +160,9 @@ def delete_copy(model: Model, device: str) -> TaskRecord:
     )
 
 
-def settle(model: Model, message: str | None = None) -> None:
-    """After an operation ends: `ready` if a copy exists somewhere, else `failed`; the message says why."""
+def settle(model: Model, message: str | None = None, lost: bool = False) -> None:
+    """After an operation ends: `ready` if a copy exists somewhere, else `failed` (the message says why), else
+    `unavailable` when its last copy is gone (`lost`, or it was unavailable already), else `registered`."""
     busy = db.session.scalar(
         db.select(TaskRecord.id).where(TaskRecord.model_name == model.name, TaskRecord.state.in_(ACTIVE))
     )
@@ -118,8 +172,45 @@ def settle(model: Model, message: str | None = None) -> None:
     if message is not None:
         model.status = "ready" if has_copy else "failed"
         model.status_message = message
+    elif has_copy:
+        model.status = "ready"
+        if model.status_message == LOST:
+            model.status_message = None
+    elif lost or model.status == "unavailable":
+        model.status, model.status_message = "unavailable", LOST
     else:
-        model.status = "ready" if has_copy else "registered"
+        model.status = "registered"
+
+
+def offline_nodes() -> set[str]:
+    """The nodes that are offline now (stopped, or silent past offline_after)."""
+    s = settings()
+    clause = status_clause("offline", now(), s.heartbeat_timeout_s, s.offline_after_s)
+    return set(db.session.scalars(db.select(Node.name).where(clause)))
+
+
+def status_of(model: Model, offline: set[str]) -> str:
+    """The status a model reads: `unavailable` while every copy it has is on an offline node."""
+    ready = [loc.node for loc in model.locations if loc.status == "ready"]
+    if model.status == "ready" and ready and all(node in offline for node in ready):
+        return "unavailable"
+    return model.status
+
+
+def status_is(status: str) -> ColumnElement[bool]:
+    """The SQL condition equal to `status_of(model, offline_nodes()) == status`."""
+    s = settings()
+    online = not_(status_clause("offline", now(), s.heartbeat_timeout_s, s.offline_after_s))
+    reachable = Model.id.in_(
+        db.select(ModelLocation.model_id)
+        .join(Node, Node.name == ModelLocation.node)
+        .where(ModelLocation.status == "ready", online)
+    )
+    if status == "ready":
+        return and_(Model.status == "ready", reachable)
+    if status == "unavailable":
+        return or_(Model.status == "unavailable", and_(Model.status == "ready", not_(reachable)))
+    return Model.status == status
 
 
 def _upsert_location(model: Model, result: dict[str, Any]) -> None:
@@ -149,14 +240,17 @@ def on_phase(rec: TaskRecord, phase: str) -> None:
 
 def on_succeeded(rec: TaskRecord, data: dict[str, Any]) -> None:
     """What a finished model operation (a standalone one or a workflow step) changes: locations, manifest, status."""
-    model = find_model(rec.model_name)
+    model = find_model(rec.model_name, locked=True)
     if model is None:
         return
     if rec.kind == "delete":
         _drop_location(model, str(rec.source_device or data.get("device")))
-        settle(model)
-        if model.status_message == "deleting" and not model.locations:
-            db.session.delete(model)
+        if model.status_message == "deleting":  # being unregistered: gone with its last copy
+            settle(model)
+            if not model.locations:
+                db.session.delete(model)
+            return
+        settle(model, lost=not model.locations)
         return
     params = dict(rec.params or {})
     inner = dict(params.get("params") or {})  # a workflow step keeps its action's fields here
@@ -175,9 +269,11 @@ def on_succeeded(rec: TaskRecord, data: dict[str, Any]) -> None:
 
 def on_failed(rec: TaskRecord) -> None:
     model = find_model(rec.model_name)
+    message = (rec.error or {}).get("message")
     if model is not None and rec.kind in ("download", "copy", "move"):
-        message = (rec.error or {}).get("message")
         settle(model, f"{rec.kind} to {rec.target_device} failed: {message}")
+    elif model is not None and rec.kind == "delete":  # an unregistering model is not left `deleting` for ever
+        settle(model, f"delete of {rec.source_device} failed: {message}")
 
 
 def on_cancelled(rec: TaskRecord) -> None:

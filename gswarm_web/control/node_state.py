@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import logging
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,6 +22,49 @@ from ..tables import Node, NodeGpu
 log = logging.getLogger(__name__)
 
 STATUSES = ("healthy", "unhealthy", "offline")
+MISSING = "missing"  # declared in config.yaml's `nodes:`, never seen
+LISTED_STATUSES = (*STATUSES, MISSING)
+
+
+@dataclass
+class DeclaredNode:
+    """A node config.yaml's `nodes:` declares that has not joined (no heartbeat yet): listed as `missing`, with the
+    attributes of a Node row empty."""
+
+    name: str
+    address: str | None
+    declared: dict[str, Any]
+    status: str = MISSING
+    hostname: None = None
+    worker: None = None
+    version: None = None
+    last_seen: None = None
+    first_seen: None = None
+    started_at: None = None
+    cpu_count: None = None
+    cpu_percent: None = None
+    dram_total_bytes: None = None
+    dram_available_bytes: None = None
+    file_port: None = None
+    frames_dropped: int = 0
+    storage: dict[str, Any] = field(default_factory=dict)
+    gpus: list[Any] = field(default_factory=list)
+
+
+def declaration(declared: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    """What config.yaml says of node `name` (address, capabilities), or None."""
+    entry = next((d for d in declared if d["name"] == name), None)
+    return None if entry is None else {"address": entry.get("address"), "capabilities": entry.get("capabilities")}
+
+
+def missing_nodes(declared: list[dict[str, Any]]) -> list[DeclaredNode]:
+    """The declared nodes that have not joined, by name (one query, none without declarations)."""
+    if not declared:
+        return []
+    names = [d["name"] for d in declared]
+    joined = set(db.session.scalars(db.select(Node.name).where(Node.name.in_(names))))
+    out = [DeclaredNode(d["name"], d.get("address"), declaration(declared, d["name"]) or {}) for d in declared]
+    return sorted((n for n in out if n.name not in joined), key=lambda n: n.name)
 
 
 def node_status(node: Node, now: datetime, timeout_s: float, offline_after_s: float) -> str:

@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 from gswarm_tasks.devices import Auto, Device
-from gswarm_tasks.errors import InvalidRequest
+from gswarm_tasks.errors import InvalidRequest, ResourceUnavailable
 
 from ..extensions import db, settings
 from ..scheduling.placement import Load, decide
@@ -35,7 +35,11 @@ def current_load(model: Model | None = None, spread_from: set[str] | None = None
     load.replicas = dict(Counter(r.device for r in replicas))
     for r in replicas:
         if r.status in STARTING and Device.parse(r.device).is_gpu:
-            load.reserved_bytes[r.device] = load.reserved_bytes.get(r.device, 0.0) + need_bytes(r.service.model)
+            gpus = (r.placement or {}).get("gpus") or [Device.parse(r.device).gpu_index]
+            share = need_bytes(r.service.model) / len(gpus)  # tensor parallelism: a share on each of its GPUs
+            for index in gpus:
+                device = f"{r.node}:gpu{index}"
+                load.reserved_bytes[device] = load.reserved_bytes.get(device, 0.0) + share
     busy = db.session.execute(
         db.select(TaskRecord.node, db.func.count()).where(TaskRecord.state.in_(ACTIVE)).group_by(TaskRecord.node)
     )
@@ -53,9 +57,13 @@ def choose(
     load: Load | None = None,
     view: dict[str, Any] | None = None,
     on_node: str | None = None,
+    among: list[str] | None = None,
+    share: int = 1,
 ) -> dict[str, Any]:
     """The placement decision for an `auto` target of `action` (serve, load, download, copy, move, data), among
-    every node or only `on_node` (a GPU is loaded from a copy on its own node)."""
+    every node, only `on_node` (a GPU is loaded from a copy on its own node), or `among` those a service is pinned
+    to that hold none of its replicas yet (`load.spread_from`): one replica on each. `share`: the GPUs a replica
+    spans (tensor parallelism), each needing that share of the weights."""
     if action not in ACTIONS:
         raise InvalidRequest(f"action: {action!r} is not one of {', '.join(ACTIONS)}", {"field": "action"})
     kind = target.kind
@@ -63,13 +71,16 @@ def choose(
         if action != "move" or kind == "cpu":
             raise InvalidRequest(f"device: {target} is not a storage tier for a {action}", {"field": "device"})
         action = "load"  # a move onto a GPU: the gpuN tier
-    need = need_bytes(model) if action in ("serve", "load") else 0.0
+    need = need_bytes(model) / max(1, share) if action in ("serve", "load") else 0.0
     load = load or current_load(model)
     if action == "copy" and model is not None:  # a copy goes where the model is not yet
         load.holding = load.holding | {loc.node for loc in model.locations if loc.tier == (kind or "disk")}
     view = view or current_view()
     if on_node is not None:
         view = {**view, "nodes": [n for n in view["nodes"] if n["name"] == on_node]}
+    if among is not None:
+        allowed = set(among) - load.spread_from
+        view = {**view, "nodes": [n for n in view["nodes"] if n["name"] in allowed]}
     return decide(
         view,
         model.name if model is not None else None,
@@ -77,4 +88,34 @@ def choose(
         kind if ACTIONS[action] != "store" else (kind or "disk"),
         need,
         load,
+    )
+
+
+def tensor_parallel(decision: dict[str, Any], model: Model | None, tp: int, load: Load) -> dict[str, Any]:
+    """`tp` GPUs of one node for a tensor-parallel replica, each with room for its share of the weights: the node of
+    the decision's best candidate that has them (in the decision's order), its GPUs with the most room first."""
+    if tp <= 1:
+        return decision
+    share = need_bytes(model) / tp
+    view = current_view()
+    nodes = {n["name"]: n for n in view["nodes"] if n["status"] == "healthy" and n["name"] not in load.exclude}
+    order = list(dict.fromkeys(c["node"] for c in decision["candidates"]))
+    for name in order:
+        node = nodes.get(name)
+        if node is None:
+            continue
+        room = sorted(
+            ((g["memory_free_bytes"] - load.reserved_bytes.get(g["device"], 0.0), g["device"]) for g in node["gpus"]),
+            key=lambda x: (-x[0], x[1]),
+        )
+        fits = [device for free, device in room if free >= share][:tp]
+        if len(fits) == tp:
+            fits.sort(key=lambda d: Device.parse(d).gpu_index or 0)
+            tier = next((c["loaded_from"] for c in decision["candidates"] if c["node"] == name), "peer")
+            return {**decision, "chosen": fits[0], "gpus": [Device.parse(d).gpu_index for d in fits],
+                    "loaded_from": tier, "tensor_parallel_size": tp}  # fmt: skip
+    raise ResourceUnavailable(
+        f"{model.name if model else 'the model'}: tensor_parallel_size {tp} needs {tp} GPUs of one node with "
+        f"{share / 2**30:.1f} GiB free each; no healthy node has them",
+        {"field": "config.tensor_parallel_size", "need_bytes_per_gpu": int(share), "tensor_parallel_size": tp},
     )

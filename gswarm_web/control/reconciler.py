@@ -1,7 +1,9 @@
 """Keeps every `auto` service at its replica count: places and starts replicas (after a verified copy of the
 weights when the chosen node has none), replaces those whose node stopped answering or whose server died, scales
-down, unloads a service nobody called for `idle_timeout_s` (its weights stay staged in DRAM) and brings it back
-when a request comes. The control worker runs it every few seconds and whenever the gateway asks."""
+down by draining (a replica takes no new request and stops once its requests are answered; its weights stay staged
+in the node's DRAM within `serving.dram_budget`, for the next scale-up), unloads a service nobody called for
+`idle_timeout_s` (weights staged the same way) and brings it back when a request comes. The control worker runs it
+every few seconds, whenever the gateway asks, and the autoscaler's ticks (`control/autoscaler.py`) in between."""
 
 from __future__ import annotations
 
@@ -11,19 +13,22 @@ from typing import Any
 
 from gswarm_tasks import names
 from gswarm_tasks.devices import Auto, Device, parse_target
+from gswarm_tasks.engines import TP_PARAM
 from gswarm_tasks.errors import GswarmError, ResourceUnavailable
 from gswarm_tasks.storage import prefix as storage_prefix
 
 from ..extensions import db, redis_client, settings
 from ..tables import ModelLocation, Node, Replica, Service, TaskRecord
-from . import service_state
+from . import live, service_state
 from .dispatch import peer_source, record
 from .node_state import node_status
-from .placement import choose, current_load
+from .placement import choose, current_load, tensor_parallel
+from .routing import engine_config
 
 log = logging.getLogger(__name__)
 
 RETRY_NODE_AFTER_S = 60.0  # a node where a replica just failed is avoided this long
+DRAIN_MIN_S = 1.0  # a web process that routes without Redis re-reads the replicas within a second
 
 
 def now() -> datetime:
@@ -65,11 +70,14 @@ def place_replica(svc: Service, exclude: set[str] | None = None) -> tuple[Replic
     """Choose a device for one more replica (spread over nodes), and record what starts it: its server, or first
     a copy of the weights. Raises ResourceUnavailable when nothing fits."""
     target = parse_target(svc.device, "device")
+    tp = int(engine_config(svc.config).get(TP_PARAM) or 1)
     if isinstance(target, Auto):
         spread = {r.node for r in service_state.live_replicas(svc)}
         load = current_load(svc.model, spread)
         load.exclude = set(exclude or ())
-        decision = choose(svc.model, "serve", target, load)
+        decision = choose(svc.model, "serve", target, load, among=(svc.config or {}).get("nodes"), share=tp)
+        if tp > 1 and Device.parse(decision["chosen"]).is_gpu:
+            decision = tensor_parallel(decision, svc.model, tp, load)
     else:  # a pinned service woken after an idle unload: its own device
         tier = service_state.serving_tier(svc.model, str(target.node))
         decision = {"action": "serve", "model": svc.model.name, "chosen": str(target), "loaded_from": tier or "peer"}
@@ -106,22 +114,28 @@ def _recently_failed(svc: Service) -> set[str]:
 
 def _lose_unreachable(svc: Service) -> None:
     """A replica on a node that stopped answering is given up at once (the gateway stops routing to it)."""
-    live = service_state.live_replicas(svc)
-    statuses = _node_status({r.node for r in live})
-    for r in live:
+    live_ = [*service_state.live_replicas(svc), *service_state.draining(svc)]
+    statuses = _node_status({r.node for r in live_})
+    for r in live_:
         if statuses.get(r.node, "offline") != "healthy" and r.status != "pending":
             r.status, r.healthy, r.stopped_at = "lost", False, now()
             r.status_message = f"{r.node} is {statuses.get(r.node, 'gone')}"
 
 
 def fill(svc: Service) -> list[TaskRecord]:
-    """Bring an auto service to its replica count (recorded; sent after the caller commits)."""
+    """Bring an auto service to its replica count (recorded; sent after the caller commits): the newest and
+    not-yet-serving replicas go first, a serving one is drained."""
     tasks: list[TaskRecord] = []
-    live = service_state.live_replicas(svc)
-    for rep in sorted(live, key=lambda r: (r.status == "running", r.created_at), reverse=True)[svc.replicas :]:
-        tasks.append(service_state.stop_replica(rep, "scaled down"))  # the newest, not-yet-serving ones first
+    live_ = service_state.live_replicas(svc)
+    for rep in sorted(live_, key=lambda r: (r.status == "running", r.created_at), reverse=True)[svc.replicas :]:
+        if rep.status in ("running", "unhealthy"):
+            tasks += start_drain(svc, rep)
+        elif rep.status in ("pending", "placing"):
+            rep.status, rep.stopped_at, rep.status_message = "stopped", now(), "scaled down before it started"
+        else:
+            tasks.append(service_state.stop_replica(rep, "scaled down"))
     exclude = _recently_failed(svc)
-    for _ in range(svc.replicas - len(live)):
+    for _ in range(svc.replicas - len(live_)):
         try:
             tasks.append(place_replica(svc, exclude)[1])
         except GswarmError as exc:
@@ -130,6 +144,64 @@ def fill(svc: Service) -> list[TaskRecord]:
             break
     service_state.refresh(svc)
     return tasks
+
+
+def start_drain(svc: Service, rep: Replica) -> list[TaskRecord]:
+    """A replica takes no new request from now on (every web process's next pick skips it) and is stopped once its
+    requests are answered (`finish_drains`); its weights are staged in its node's DRAM for the next scale-up."""
+    rep.status, rep.draining_since = "draining", now()
+    rep.status_message = "scaled down: draining (no new request; stops when its requests are answered)"
+    live.drain(redis_client(), [rep.id])
+    return stage_in_dram(svc, rep.node)
+
+
+def finish_drains(svc: Service) -> list[TaskRecord]:
+    """Stop the draining replicas with no request in flight in any web process (or past `serving.drain_timeout`)."""
+    draining = service_state.draining(svc)
+    if not draining:
+        return []
+    in_flight, _ = live.counts(redis_client(), [r.id for r in draining], [])
+    tasks = []
+    s = settings()
+    for rep in draining:
+        age = (now() - (rep.draining_since or now())).total_seconds()
+        idle = in_flight.get(rep.id, 0) == 0
+        if (idle and age >= DRAIN_MIN_S) or age >= s.serve_drain_timeout_s:
+            why = "scaled down: drained" if idle else f"scaled down: stopped after {age:.0f} s draining"
+            tasks.append(service_state.stop_replica(rep, why))
+    return tasks
+
+
+def _dram_budget(node: Node | None) -> float:
+    budget = settings().serve_dram_budget
+    if node is None:
+        return 0.0
+    return budget * float(node.dram_total_bytes or 0) if budget <= 1 else budget
+
+
+def stage_in_dram(svc: Service, node_name: str) -> list[TaskRecord]:
+    """Copy the model's weights into the node's DRAM (keeping the disk copy) when it has none there and they fit
+    the node's DRAM budget with the weights already staged there: a replica started there later loads from DRAM."""
+    model = svc.model
+    if db.session.get(ModelLocation, (model.id, f"{node_name}:dram")) is not None or not model.manifest:
+        return []
+    disk = db.session.get(ModelLocation, (model.id, f"{node_name}:disk"))
+    node = db.session.get(Node, node_name)
+    if disk is None or disk.status != "ready" or node is None:
+        return []
+    size = float(model.model_size or model.manifest.get("total_bytes") or 0)
+    staged = db.session.scalars(
+        db.select(ModelLocation).where(ModelLocation.node == node_name, ModelLocation.tier == "dram")
+    ).all()
+    held = sum(float(loc.model.model_size or (loc.model.manifest or {}).get("total_bytes") or 0) for loc in staged)
+    if held + size > _dram_budget(node) or size > float(node.dram_available_bytes or 0):
+        log.info("%s stays on %s's disk: DRAM budget %.0f bytes, %.0f staged", model.name, node_name,
+                 _dram_budget(node), held)  # fmt: skip
+        return []
+    kwargs = {"model": model.name, "manifest": model.manifest, "source_tier": "disk", "target_tier": "dram",
+              "keep_source": True}  # fmt: skip
+    return [record("move", node_name, names.MODEL_MOVE, kwargs, model_name=model.name, source=disk.device,
+                   target=f"{node_name}:dram")]  # fmt: skip
 
 
 def _last_requests() -> dict[str, float]:
@@ -141,22 +213,7 @@ def _unload(svc: Service) -> list[TaskRecord]:
     """Stop every replica of an idle service; its weights stay (or are staged) in the nodes' DRAM."""
     tasks = []
     for rep in service_state.live_replicas(svc):
-        if not db.session.get(ModelLocation, (svc.model.id, f"{rep.node}:dram")):
-            disk = db.session.get(ModelLocation, (svc.model.id, f"{rep.node}:disk"))
-            if disk is not None and svc.model.manifest:
-                kwargs = {"model": svc.model.name, "manifest": svc.model.manifest, "source_tier": "disk",
-                          "target_tier": "dram", "keep_source": True}  # fmt: skip
-                tasks.append(
-                    record(
-                        "move",
-                        rep.node,
-                        names.MODEL_MOVE,
-                        kwargs,
-                        model_name=svc.model.name,
-                        source=disk.device,
-                        target=f"{rep.node}:dram",
-                    )  # fmt: skip
-                )
+        tasks += stage_in_dram(svc, rep.node)
         tasks.append(service_state.stop_replica(rep, f"idle for {svc.idle_timeout_s:g} s"))
     svc.status, svc.status_message = "idle", f"no request for {svc.idle_timeout_s:g} s; the next one starts it"
     return tasks
@@ -179,6 +236,7 @@ def _round() -> int:
     last = _last_requests()
     for svc in db.session.scalars(db.select(Service).where(Service.status.not_in(("stopping", "stopped")))):
         auto = service_state.is_auto(svc)
+        tasks += finish_drains(svc)
         if not auto and not svc.idle_timeout_s:
             continue  # a pinned service is the node's to keep; only its idle unload is the reconciler's
         if auto:
@@ -194,11 +252,3 @@ def _round() -> int:
         if auto or (svc.status == "starting" and not service_state.live_replicas(svc)):  # or woken by a request
             tasks += fill(svc)
     return len(tasks)
-
-
-def wake(svc: Service) -> None:
-    """A request came for an idle service: it is brought back to its replica count (the caller commits)."""
-    if svc.status == "idle":
-        svc.status, svc.status_message = "starting", "starting for a request"
-        redis_client().hset(names.SERVICE_LAST_REQUEST_KEY, svc.id, now().timestamp())
-    fill(svc)

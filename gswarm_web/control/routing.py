@@ -1,8 +1,13 @@
-"""Where the gateway sends a request: the running replicas of each served model, re-read every second from the
-tables (a replica on a node that stopped heartbeating is left out at once), the requests each has in flight in
-this process, and a short quarantine for a replica whose last request failed.
+"""Where the gateway sends a request: the running replicas of each served model, re-read from the tables every
+second and whenever the replicas' version changes (a replica on a node that stopped heartbeating is left out at
+once), the requests each has in flight in the whole gateway (`control/live.py`: every web process's, in Redis; this
+process's own when Redis is away), and a short quarantine for a replica whose last request failed.
 
-Requests go over a pool of keep-alive connections; a request's model is the `model` of its body.
+A service chooses how its requests are shared (`config.load_balancing`): `least_requests` (the replica with the
+fewest in flight, ties in turn; the default) or `round_robin` (each replica in turn); `config.timeout` is how
+long a replica has to answer one and `config.max_in_flight` how many requests a replica takes at once (the rest
+wait in the gateway's queue). A replica gets only the routes its engine serves. Requests go over a pool of
+keep-alive connections; a request's model is the `model` of its body.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,13 +23,57 @@ import redis
 import urllib3
 
 from gswarm_tasks import names
+from gswarm_tasks.engines import OPENAI_ROUTES, key_headers, presets
+from gswarm_tasks.errors import InvalidRequest
 
 from ..extensions import db, redis_client, sender, settings
-from ..tables import Model, Node, Replica, Service
+from ..tables import Model, Node, Replica, ScalingEvent, Service
+from . import live, serve_stats
+from .serve_stats import Outcome, stats_key
 
 REFRESH_S = 1.0
 QUARANTINE_S = 5.0
 LAST_REQUEST_EVERY_S = 1.0
+READ_TIMEOUT_S = 600.0
+LOAD_BALANCING = ("least_requests", "round_robin")
+# A service's `config` keys that are the service's own (the original's), not its serving preset's parameters;
+# `nodes` is kept there too (the nodes a service is pinned to) and never sent to a node.
+SERVICE_KEYS = ("port", "replicas", "load_balancing", "timeout", "max_in_flight", "nodes")
+
+
+def split_config(config: dict[str, Any], field_: str = "config") -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the preset's parameters, the service's own keys, checked): `port`, `replicas`, `load_balancing` (one of
+    LOAD_BALANCING), `timeout` (seconds a replica has to answer) and `max_in_flight` (requests a replica takes at
+    once) are the service's; 422 naming the field."""
+    engine = {k: v for k, v in config.items() if k not in SERVICE_KEYS}
+    own = {k: config[k] for k in SERVICE_KEYS if k in config}
+    if "nodes" in own:
+        raise InvalidRequest(f"{field_}.nodes: give `nodes` beside `config`, not in it", {"field": f"{field_}.nodes"})
+    checks = {
+        "port": (lambda v: _int(v) and 1024 <= v <= 65535, "an integer from 1024 to 65535"),
+        "replicas": (lambda v: _int(v) and 1 <= v <= 64, "an integer from 1 to 64"),
+        "load_balancing": (lambda v: v in LOAD_BALANCING, f"one of {', '.join(LOAD_BALANCING)}"),
+        "timeout": (lambda v: _number(v) and 0 < v <= 3600, "seconds, more than 0 and at most 3600"),
+        "max_in_flight": (lambda v: _int(v) and 1 <= v <= 100_000, "an integer from 1 to 100000"),
+    }
+    for key, value in own.items():
+        ok, what = checks[key]
+        if not ok(value):
+            raise InvalidRequest(f"{field_}.{key}: {what}", {"field": f"{field_}.{key}"})
+    return engine, own
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def engine_config(config: dict[str, Any] | None) -> dict[str, Any]:
+    """What a node's serving preset gets of a service's config: its parameters only."""
+    return {k: v for k, v in (config or {}).items() if k not in SERVICE_KEYS}
 
 
 @dataclass
@@ -32,6 +81,18 @@ class Target:
     replica_id: str
     service_id: str
     url: str
+    headers: dict[str, str] = field(default_factory=dict)  # the replica's service key, as its server checks it
+    timeout_s: float = READ_TIMEOUT_S
+    routes: tuple[str, ...] = OPENAI_ROUTES  # what its engine serves
+    node: str = ""
+
+
+@dataclass
+class Policy:
+    """How a model's requests are shared: its service's load balancing and per-replica bound (0: none)."""
+
+    load_balancing: str = LOAD_BALANCING[0]
+    max_in_flight: int = 0
 
 
 class Directory:
@@ -40,21 +101,39 @@ class Directory:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.by_model: dict[str, list[Target]] = {}
-        self.services: dict[str, list[Service]] = {}
         self.loaded_at = 0.0
-        self.in_flight: dict[str, int] = {}
+        self.version = ""  # the replicas' version the last refresh saw; another from a pick: refresh
+        self.stale = False
+        self.in_flight: dict[str, int] = {}  # this process's own (routing falls back on it without Redis)
         self.quarantined: dict[str, float] = {}
         self.noted: dict[str, float] = {}
         self.turn = itertools.count()
+        self.policy: dict[str, str] = {}  # model -> load_balancing of its service
+        self.limits: dict[str, Policy] = {}
+        self.rounds: dict[str, int] = {}  # model -> the next turn of a round_robin service (without Redis)
         self.http = urllib3.PoolManager(num_pools=64, maxsize=32, retries=False)
+        self.known_keys: dict[str, str] = {}
+        self.redis: redis.Redis | None = None  # set at the first refresh (in an app context)
+        self.redis_down_until = 0.0
 
     def refresh(self, force: bool = False) -> None:
-        if not force and time.monotonic() - self.loaded_at < REFRESH_S:
+        if not force and not self.stale and time.monotonic() - self.loaded_at < REFRESH_S:
             return
         s = settings()
+        self.redis = self.redis or redis_client()
         fresh = datetime.now(UTC) - timedelta(seconds=s.heartbeat_timeout_s)
+        version = self._version()
         rows = db.session.execute(
-            db.select(Replica.id, Replica.service_id, Replica.url, Model.name)
+            db.select(
+                Replica.id,
+                Replica.service_id,
+                Replica.url,
+                Replica.node,
+                Replica.engine,
+                Model.name,
+                Service.config,
+                Service.backend,
+            )  # fmt: skip
             .join(Service, Replica.service_id == Service.id)
             .join(Model, Service.model_id == Model.id)
             .join(Node, Node.name == Replica.node)
@@ -62,12 +141,40 @@ class Directory:
                 Replica.status == "running", Replica.url.is_not(None), Node.last_seen >= fresh, Node.state != "stopped"
             )
         ).all()
+        db.session.rollback()  # a read: end the transaction (and give its connection back) before Redis
+        keys = self.keys()
+        offered = presets(s.serve_engines)
         by_model: dict[str, list[Target]] = {}
-        for rid, sid, url, model in rows:
-            by_model.setdefault(model, []).append(Target(rid, sid, url))
-        db.session.rollback()  # a read: end the transaction so the next refresh sees new rows
+        limits: dict[str, Policy] = {}
+        for rid, sid, url, node, engine, model, config, backend in sorted(rows, key=lambda r: r[0]):
+            config = config or {}
+            preset = offered.get(engine or backend)
+            routes = preset.routes if preset is not None else OPENAI_ROUTES
+            timeout = float(config.get("timeout") or READ_TIMEOUT_S)
+            by_model.setdefault(model, []).append(Target(rid, sid, url, key_headers(keys.get(url)), timeout, routes,
+                                                         node))  # fmt: skip
+            limits.setdefault(model, Policy(str(config.get("load_balancing") or LOAD_BALANCING[0]),
+                                            int(config.get("max_in_flight") or 0)))  # fmt: skip
         with self.lock:
-            self.by_model, self.loaded_at = by_model, time.monotonic()
+            self.by_model, self.limits, self.loaded_at = by_model, limits, time.monotonic()
+            self.policy = {m: p.load_balancing for m, p in limits.items()}
+            self.version, self.stale = version, False
+
+    def _version(self) -> str:
+        try:
+            raw = self.redis.get(names.SERVE_VERSION_KEY) if self.redis is not None else None
+        except redis.RedisError:
+            return ""
+        return raw.decode() if isinstance(raw, bytes) else str(raw or "0")
+
+    def keys(self) -> dict[str, str]:
+        """Every replica's service key by URL (as its node recorded it); the last ones read if Redis is away."""
+        try:
+            raw: Any = redis_client().hgetall(names.SERVICE_KEYS_KEY)
+        except redis.RedisError:
+            return self.known_keys
+        self.known_keys = {k.decode(): v.decode() for k, v in raw.items()}
+        return self.known_keys
 
     def models(self) -> list[str]:
         self.refresh()
@@ -77,30 +184,87 @@ class Directory:
         ))  # fmt: skip
         return sorted(served)
 
-    def pick(self, model: str, tried: set[str]) -> Target | None:
-        """The replica with the fewest requests in flight here (ties taken in turn), not tried and not quarantined."""
-        self.refresh()
+    def serves(self, model: str, path: str) -> bool | None:
+        """Whether the model's running replicas serve `path` (None: none is running to ask)."""
+        targets = self.by_model.get(model)
+        return None if not targets else any(path in t.routes for t in targets)
+
+    def pick(self, model: str, tried: set[str], refresh: bool = True, path: str | None = None) -> Target | None:
+        """A replica not tried, not quarantined, not draining and under the service's `max_in_flight`: the next in
+        turn for a round_robin service, else the one with the fewest requests in flight (ties taken in turn)."""
+        if refresh:
+            self.refresh()
         now = time.monotonic()
         with self.lock:
             ok = [
                 t
                 for t in self.by_model.get(model, [])
-                if t.replica_id not in tried and self.quarantined.get(t.replica_id, 0.0) <= now
+                if t.replica_id not in tried
+                and self.quarantined.get(t.replica_id, 0.0) <= now
+                and (path is None or path in t.routes)
             ]
-            if not ok:
-                return None
-            fewest = min(self.in_flight.get(t.replica_id, 0) for t in ok)
-            ties = [t for t in ok if self.in_flight.get(t.replica_id, 0) == fewest]
-            best = ties[next(self.turn) % len(ties)]
+            limits = self.limits.get(model, Policy(self.policy.get(model, LOAD_BALANCING[0])))
+        if not ok:
+            return None
+        if self.redis is not None and now >= self.redis_down_until:
+            try:
+                return self._pick_shared(model, ok, limits)
+            except redis.RedisError:
+                self.redis_down_until = now + QUARANTINE_S  # routed on this process's counts meanwhile
+        return self._pick_local(model, ok, limits)
+
+    def _pick_shared(self, model: str, ok: list[Target], limits: Policy) -> Target | None:
+        assert self.redis is not None
+        chosen, version = live.share(self.redis).pick(model, limits.load_balancing, limits.max_in_flight,
+                                                      [t.replica_id for t in ok])  # fmt: skip
+        if version != self.version:
+            self.stale = True  # a replica started or stopped: the next pick re-reads the tables
+        best = next((t for t in ok if t.replica_id == chosen), None)
+        if best is not None:
+            with self.lock:
+                self.in_flight[best.replica_id] = self.in_flight.get(best.replica_id, 0) + 1
+        return best
+
+    def _pick_local(self, model: str, ok: list[Target], limits: Policy) -> Target | None:
+        with self.lock:
+            if limits.max_in_flight:
+                ok = [t for t in ok if self.in_flight.get(t.replica_id, 0) < limits.max_in_flight]
+                if not ok:
+                    return None
+            if limits.load_balancing == "round_robin":
+                turn = self.rounds.get(model, 0)
+                self.rounds[model] = turn + 1
+                best = ok[turn % len(ok)]
+            else:
+                fewest = min(self.in_flight.get(t.replica_id, 0) for t in ok)
+                ties = [t for t in ok if self.in_flight.get(t.replica_id, 0) == fewest]
+                best = ties[next(self.turn) % len(ties)]
             self.in_flight[best.replica_id] = self.in_flight.get(best.replica_id, 0) + 1
             return best
 
-    def done(self, target: Target, failed: bool = False) -> None:
+    def done(self, target: Target, outcome: Outcome | None = None, failed: bool = False) -> None:
+        """A request left its replica: counted out (here and in the shared counts), measured, and a replica that
+        failed it set aside for QUARANTINE_S."""
         with self.lock:
             self.in_flight[target.replica_id] = max(0, self.in_flight.get(target.replica_id, 1) - 1)
             if failed:
                 self.quarantined[target.replica_id] = time.monotonic() + QUARANTINE_S
+        if self.redis is not None and time.monotonic() >= self.redis_down_until:
+            share = live.share(self.redis)
+            keys = [stats_key(target.replica_id), names.SERVE_LIVE_KEY, share.key]
+            try:
+                share.done_script(keys=keys, args=[f"r:{target.replica_id}", *(outcome or Outcome(0, 0.0)).args()])
+            except redis.RedisError:
+                self.redis_down_until = time.monotonic() + QUARANTINE_S
         self.note_request(target.service_id)
+
+    def rejected(self, service_id: str, reason: str) -> None:
+        """A request of the service got no replica: `rejected` (the queue was full) or `timeouts`."""
+        try:
+            if self.redis is not None:
+                serve_stats.rejected(self.redis, service_id, reason)
+        except redis.RedisError:
+            pass
 
     def note_request(self, service_id: str) -> None:
         """The service was called (for idle unload); written at most once a second per service and process."""
@@ -109,12 +273,14 @@ class Directory:
             return
         self.noted[service_id] = now
         try:
-            redis_client().hset(names.SERVICE_LAST_REQUEST_KEY, service_id, now)
+            if self.redis is not None:
+                self.redis.hset(names.SERVICE_LAST_REQUEST_KEY, service_id, now)
         except redis.RedisError:
             pass
 
     def wake(self, model: str) -> Service | None:
-        """A model with no running replica: bring its service back (an idle one) and ask the reconciler now."""
+        """A model with no running replica: bring its service back (an idle one, or one scaled to zero: to
+        max(1, min_replicas), recorded as a scaling event) and ask the reconciler now."""
         svc = db.session.scalar(
             db.select(Service)
             .join(Model)
@@ -123,15 +289,30 @@ class Directory:
         )
         if svc is None:
             return None
-        if svc.status == "idle":
-            svc.status, svc.status_message = "starting", "starting for a request"
-            db.session.commit()
+        if svc.status == "idle" or svc.replicas == 0:
+            wake_service(svc, "a request waits")
         self.note_request(svc.id)
         try:
             sender().send_task(names.SERVICE_SWEEP, queue=names.CONTROL_QUEUE, priority=names.PRIORITIES["high"])
         except Exception:  # the beat sweep comes within seconds anyway
             pass
         return svc
+
+
+def wake_service(svc: Service, reason: str) -> None:
+    """Start an idle service again (to at least one replica) in one conditional update: of several requests (in
+    several processes) that wake it at once, one records the scaling event."""
+    was, want = svc.replicas, max(1, int((svc.autoscaling or {}).get("min_replicas") or 0), svc.replicas)
+    woke: Any = db.session.execute(
+        db.update(Service)
+        .where(Service.id == svc.id, (Service.status == "idle") | (Service.replicas == 0))
+        .values(status="starting", status_message=f"starting: {reason}", replicas=want)
+    )
+    if woke.rowcount and was == 0:
+        db.session.add(ScalingEvent(service_id=svc.id, from_replicas=0, to_replicas=want, direction="up",
+                                    reason=f"from zero: {reason}", load={"waiting": 1}))  # fmt: skip
+    db.session.commit()
+    db.session.refresh(svc)
 
 
 _directory: Directory | None = None
@@ -152,7 +333,7 @@ def forward(target: Target, path: str, body: bytes, headers: dict[str, str], str
         "POST",
         target.url.rstrip("/") + path,
         body=body,
-        headers=headers,
+        headers={**headers, **target.headers},
         preload_content=not stream,
-        timeout=urllib3.Timeout(connect=2.0, read=600.0),
+        timeout=urllib3.Timeout(connect=2.0, read=target.timeout_s),
     )

@@ -12,18 +12,25 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import redis
+
 from gswarm_tasks import names
 from gswarm_tasks.devices import Device
+from gswarm_tasks.engines import TP_PARAM
 from gswarm_tasks.errors import InvalidRequest, NotFound
 
-from ..extensions import db
+from ..extensions import db, redis_client
 from ..tables import Model, Replica, Service, TaskRecord
+from . import live
 from .dispatch import record
 from .report import Report
+from .routing import engine_config
 
 SERVICE_STATES = ("pending", "starting", "running", "degraded", "unhealthy", "idle", "stopping", "stopped", "failed")
-REPLICA_STATES = ("pending", "placing", "starting", "running", "unhealthy", "stopping", "stopped", "failed", "lost")
+REPLICA_STATES = ("pending", "placing", "starting", "running", "unhealthy", "draining", "stopping", "stopped", "failed",
+                  "lost")  # fmt: skip
 LIVE = ("pending", "placing", "starting", "running", "unhealthy")  # a replica that serves, or will
+# `draining`: scaled down, it takes no new request and stops once its requests are answered (not counted as live)
 ENDED = ("stopping", "stopped", "failed", "lost")
 
 
@@ -44,6 +51,10 @@ def get_service(service_id: str) -> Service:
 
 def live_replicas(svc: Service) -> list[Replica]:
     return [r for r in svc.members if r.status in LIVE]
+
+
+def draining(svc: Service) -> list[Replica]:
+    return [r for r in svc.members if r.status == "draining"]
 
 
 def serving_tier(model: Model, node: str) -> str | None:
@@ -106,12 +117,22 @@ def start_replica(svc: Service, rep: Replica, tier: str) -> TaskRecord:
         "device": rep.device,
         "port": svc.port,
         "backend": svc.backend,
-        "config": svc.config,
+        "config": engine_config(svc.config),  # the preset's parameters, not the service's own keys
         "trust_remote_code": svc.model.trust_remote_code,
+        "gpus": _gpus(svc, rep),
     }
     rec = record("serve", rep.node, names.SERVICE_START, kwargs, "high", service_id=rep.id, target=rep.device)
     rep.status, rep.task_id = "starting", rec.id
     return rec
+
+
+def _gpus(svc: Service, rep: Replica) -> list[int] | None:
+    """The GPUs of a tensor-parallel replica: placement's, or for a named device that GPU and the ones after it."""
+    dev = Device.parse(rep.device)
+    tp = int(engine_config(svc.config).get(TP_PARAM) or 1)
+    if not dev.is_gpu or tp <= 1:
+        return None
+    return (rep.placement or {}).get("gpus") or [int(dev.gpu_index or 0) + i for i in range(tp)]
 
 
 def stop_replica(rep: Replica, reason: str | None = None) -> TaskRecord:
@@ -126,7 +147,11 @@ def stop_replica(rep: Replica, reason: str | None = None) -> TaskRecord:
 def stop(svc: Service) -> list[TaskRecord]:
     """Stop every replica of a service (recorded; sent after the caller commits)."""
     svc.status = "stopping"
-    tasks = [stop_replica(r) for r in svc.members if r.status in LIVE and r.status not in ("pending", "placing")]
+    tasks = [
+        stop_replica(r)
+        for r in svc.members
+        if r.status in (*LIVE, "draining") and r.status not in ("pending", "placing")
+    ]
     for r in svc.members:
         if r.status in ("pending", "placing"):
             r.status, r.stopped_at = "stopped", now()
@@ -142,6 +167,9 @@ def refresh(svc: Service) -> None:
         return
     live = live_replicas(svc)
     running = [r for r in svc.members if r.status == "running"]
+    if svc.replicas == 0 and not live:
+        svc.status, svc.status_message = "idle", "scaled to zero; the next request starts it"
+        return
     if svc.status == "idle" and not live:
         return
     if running:
@@ -170,8 +198,12 @@ def on_succeeded(rec: TaskRecord, data: dict[str, Any]) -> None:
     if rec.kind == "serve" and rep.status in ("pending", "starting"):
         rep.status, rep.pid, rep.port, rep.url = "running", data.get("pid"), data.get("port"), data.get("url")
         rep.started_at, rep.healthy, rep.last_check_at = now(), True, now()
+        rep.engine = str(data.get("engine") or rep.service.backend)
+    elif rec.kind == "serve" and rep.status in ("stopping", "stopped"):  # scaled down while it started: no orphan
+        stop_replica(rep, rep.status_message)
     elif rec.kind == "stop_serve":
         rep.status, rep.stopped_at = "stopped", now()
+        _forget([rep.id])
         if rep.service.members and all(r.status in ENDED for r in rep.service.members):
             rep.service.status = "stopping"  # every replica stopped on purpose: the service is stopped, not failed
     refresh(rep.service)
@@ -184,15 +216,30 @@ def on_failed(rec: TaskRecord) -> None:
     message = (rec.error or {}).get("message")
     if rec.kind == "serve":
         rep.status, rep.status_message, rep.stopped_at = "failed", message, now()
+    elif rec.kind == "stop_serve" and (rec.error or {}).get("code") == "NOT_FOUND":
+        rep.status, rep.stopped_at = "stopped", rep.stopped_at or now()  # its node runs no such server (any more)
+        _forget([rep.id])
     elif rec.kind == "stop_serve":
         rep.status_message = f"stop failed: {message}"
     refresh(rep.service)
+
+
+def _forget(replica_ids: list[str]) -> None:
+    try:
+        live.forget(redis_client(), replica_ids)
+    except redis.RedisError:  # the next stop of the same replica cannot come; its zero count is harmless
+        pass
 
 
 def _health(rep: Replica, report: dict[str, Any] | None) -> bool:
     """One replica's latest check; True when a live replica should be stopped (it was already given up)."""
     if report is not None and report.get("starting"):
         return False  # a check from before the server was ready says nothing about it
+    if rep.status == "draining":  # its own stop comes when it is drained; only its death is news
+        if report is None or not report.get("alive"):
+            rep.status, rep.healthy, rep.stopped_at = "failed", False, now()
+            rep.status_message = "the server process is gone (while draining)"
+        return False
     if rep.status in ("failed", "lost"):
         return bool(report and report.get("alive"))
     rep.last_check_at = now()
@@ -217,7 +264,8 @@ def apply_health(reports_by_node: dict[str, list[dict[str, Any]]]) -> None:
     rows = list(
         db.session.scalars(
             db.select(Replica).where(
-                Replica.node.in_(list(reports_by_node)), Replica.status.in_(("running", "unhealthy", "failed", "lost"))
+                Replica.node.in_(list(reports_by_node)),
+                Replica.status.in_(("running", "unhealthy", "draining", "failed", "lost")),
             )
         )
     )
@@ -245,10 +293,8 @@ def apply_reports(reports: list[Report]) -> None:
     apply_health(latest)
 
 
-def check_pinned(model: Model, dev: Device, port: int | None, backend: str) -> str:
-    """What serving on a named device needs: a copy on that node's disk or dram, a free port, a known backend."""
-    if backend not in ("builtin", "command"):
-        raise InvalidRequest("config.backend: must be builtin or command", {"field": "config.backend"})
+def check_pinned(model: Model, dev: Device, port: int | None) -> str:
+    """What serving on a named device needs: a copy on that node's disk or dram, and a free port."""
     tier = serving_tier(model, str(dev.node))
     if tier is None:
         raise InvalidRequest(

@@ -137,6 +137,7 @@ class Cluster:
             [[g for g in gs if fleet.gpu_memory_bytes[g] >= self.residency.share[m]] for gs in self.node_gpus]
             for m in range(len(models))
         ]
+        self.eligible_sets = [[set(gs) for gs in nodes] for nodes in self.eligible]  # the same, for membership
         self._initial(model_index)
 
     def _initial(self, model_index: dict[str, int]) -> None:
@@ -186,6 +187,14 @@ class Cluster:
             self.idle.discard(g)
             self.free_at[g] = end
         return load, tier
+
+    def idle_on(self, m: int, node: int) -> list[int]:
+        """The idle GPUs of `node` that can take `m`, in index order (walking the idle ones when they are fewer)."""
+        eligible = self.eligible[m][node]
+        if len(self.idle) < len(eligible):
+            allowed = self.eligible_sets[m][node]
+            return sorted(g for g in self.idle if g in allowed)
+        return [g for g in eligible if g in self.idle]
 
     def release(self, gpus: Sequence[int]) -> None:
         """The step on `gpus` ended."""

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from .documents import read_document
 from .fields import integer, mapping, number, refuse, sequence, text
 
 
@@ -51,16 +49,6 @@ class Config:
 
     models: dict[str, ModelSpec]
     workflows: dict[str, WorkflowSpec]
-
-
-def read_document(path: str | Path) -> Any:
-    """A JSON or YAML file as plain data (YAML also reads JSON, so the suffix only picks the clearer error)."""
-    p = Path(path)
-    raw = p.read_text()
-    try:
-        return json.loads(raw) if p.suffix == ".json" else yaml.safe_load(raw)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise refuse(str(p), f"cannot be parsed: {str(exc).splitlines()[0]}") from exc
 
 
 def _optional(value: Any, field: str) -> float | None:

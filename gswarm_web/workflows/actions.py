@@ -14,6 +14,8 @@ from gswarm_tasks import names
 from gswarm_tasks.devices import AUTO, Device, parse_target, safe_name, validate_node_name
 from gswarm_tasks.errors import GswarmError, InvalidRequest
 
+from .serve_config import serve_config
+
 ACTION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 REF_RE = re.compile(r"\$\{([^}]*)\}")
 MODEL_ACTIONS = ("download", "move", "copy", "delete", "serve", "stop_serve")
@@ -320,17 +322,13 @@ def _check_params(errors: Errors, where: str, atype: str, p: dict[str, Any]) -> 
             check_int(errors, f"{where}.port", p["port"], 1024, 65535)
         if "config" in p and not isinstance(p["config"], dict):
             errors.add(f"{where}.config", "must be a mapping")
+        elif atype == "serve":
+            _check_serve_config(errors, where, p)
     elif atype == "stop_serve":
         if not p.get("device") and not p.get("service_id"):
             errors.add(f"{where}.device", "required (or service_id) for a stop_serve action")
     elif atype == "health_check":
-        need("target_url")
-        if (
-            isinstance(p.get("target_url"), str)
-            and not REF_RE.search(p["target_url"])
-            and not p["target_url"].startswith(("http://", "https://"))
-        ):
-            errors.add(f"{where}.target_url", "must be an http(s) URL")
+        need("target_url")  # its form is checked by `urls.check_url_fields`
     elif atype == "noop":
         if "duration_s" in p:
             check_num(errors, f"{where}.duration_s", p["duration_s"], 0, 86400)
@@ -375,3 +373,15 @@ def _check_params(errors: Errors, where: str, atype: str, p: dict[str, Any]) -> 
             errors.add(f"{where}.data_type", "must be input, output or intermediate")
         if "metadata" in p and not isinstance(p["metadata"], dict):
             errors.add(f"{where}.metadata", "must be a mapping")
+
+
+def _check_serve_config(errors: Errors, where: str, p: dict[str, Any]) -> None:
+    """A serve action names a preset and its documented parameters (kept as `backend` + params), never a command;
+    the service's own keys go to `service_config`."""
+    config, own, problems = serve_config(p.get("config") or {})
+    for field_, message in problems:
+        errors.add(f"{where}.{field_}", message)
+    if config is not None:
+        p["config"] = config
+    if own:
+        p["service_config"] = own

@@ -19,7 +19,7 @@ from ..control.chunk_state import hold, location_view, usable_locations
 from ..extensions import db, settings
 from ..tables import DataChunk, Model, Replica, Service, WorkflowRun
 from .actions import CHUNK_FIELDS, REF_RE
-from .spec import Workflow, ancestors
+from .spec import Workflow, first_serves
 
 PRODUCERS = ("data_create", "inference", "data_merge")
 
@@ -28,7 +28,7 @@ def prepare_data(run: WorkflowRun, wf: Workflow) -> dict[str, dict[str, Any]]:
     """Per action id: extra step parameters (`chunk_id`, `chunks`, rewritten `params`). Refuses, naming the
     field, a chunk that does not exist, a source that is not allowed, or an inference with no service."""
     s = settings()
-    anc = ancestors(wf.by_id())
+    serves = first_serves(wf)
     out: dict[str, dict[str, Any]] = {}
     for a in wf.actions:
         extra: dict[str, Any] = {}
@@ -71,17 +71,16 @@ def prepare_data(run: WorkflowRun, wf: Workflow) -> dict[str, dict[str, Any]]:
         if chunks:
             extra["chunks"] = chunks
         if a.type == "inference" and not p.get("service_url") and not p.get("service"):
-            extra["params"] = {"service_url": _service_for(wf, a.id, str(p["model_name"]), anc[a.id], where)}
+            extra["params"] = {"service_url": _service_for(a.id, str(p["model_name"]), serves.get(a.id), where)}
         if extra:
             out[a.id] = extra
     return out
 
 
-def _service_for(wf: Workflow, aid: str, model: str, ancestors: set[str], where: str) -> str:
+def _service_for(aid: str, model: str, serve: str | None, where: str) -> str:
     """An inference that names a model uses a serve action of it it depends on, else a running service."""
-    for b in wf.actions:
-        if b.type == "serve" and b.params.get("model_name") == model and b.id in ancestors:
-            return f"${{{b.id}.service_url}}"
+    if serve is not None:
+        return f"${{{serve}.service_url}}"
     svc = db.session.scalar(
         db.select(Replica)
         .join(Service)

@@ -46,6 +46,7 @@ def _spec(run_id: str, step: Any) -> dict[str, Any]:
         "trust_remote_code": p.get("trust_remote_code", False),
         "chunk_id": p.get("chunk_id"),
         "chunks": p.get("chunks"),
+        "allowed_origins": p.get("allowed_origins"),  # the replicas a health check or inference may call
     }
 
 

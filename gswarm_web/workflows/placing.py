@@ -22,41 +22,33 @@ from ..extensions import db
 from ..scheduling.placement import Load
 from ..tables import ChunkLocation, Model
 from .actions import AUTO_DEFAULTS, Action, is_auto
-from .spec import Workflow, ancestors
+from .spec import Workflow, order_and_cycle, reach
 
 # The device fields placement fills, per action type (a chunk's move or transfer names its device, or `auto`).
 FIELDS = {**AUTO_DEFAULTS, "data_move": ("target_device",), "data_transfer": ("target_device",)}
 REF_STEP = re.compile(r"^\$\{([A-Za-z0-9][A-Za-z0-9_.-]*?)\.")
 
 
-def _order(wf: Workflow) -> list[Action]:
-    by_id, done, out = wf.by_id(), set(), []
-
-    def visit(a: Action) -> None:
-        if a.id in done:
-            return
-        done.add(a.id)
-        for d in a.deps:
-            visit(by_id[d])
-        out.append(a)
-
-    for a in wf.actions:
-        visit(a)
-    return out
-
-
 class Placer:
-    """Resolves one workflow's `auto` devices against one view of the fleet (memory it takes is counted)."""
+    """Resolves one workflow's `auto` devices against one view of the fleet (memory it takes is counted).
+
+    Actions are placed in dependency order. What an action depends on is `anc`, a bit per action (bit i: the i-th
+    placed), handed over by `spec.reach`; where earlier actions left each model is kept as such bits too, so the
+    nearest earlier action that left a model somewhere is one mask and one highest bit, whatever the length."""
 
     def __init__(self, wf: Workflow) -> None:
         self.wf = wf
-        self.order = _order(wf)
-        self.position = {a.id: i for i, a in enumerate(self.order)}
-        self.anc = ancestors(wf.by_id())
+        self.by_id = wf.by_id()
+        self.ids = order_and_cycle(self.by_id)[0]
+        self.order = [self.by_id[aid] for aid in self.ids]
+        self.position = {aid: i for i, aid in enumerate(self.ids)}
+        self.anc = 0  # the actions the one being placed depends on, directly or not
         self.view = current_view()
         self.load: Load = current_load()
         self.models = {m.name: m for m in db.session.scalars(db.select(Model))}
         self.trail: dict[str, dict[str, list[str]]] = {}  # action -> model -> devices it left the model on
+        self.left: dict[tuple[str, bool | None], int] = {}  # (model, on a GPU or not, or either) -> actions
+        self.held: dict[tuple[str, str], dict[str, int]] = {}  # (model, tier) -> node -> actions that left it there
         self.decisions: dict[str, dict[str, Any]] = {}
 
     def model(self, a: Action) -> Model | None:
@@ -65,11 +57,25 @@ class Placer:
 
     def last(self, a: Action, model: str, gpu: bool | None = None) -> str | None:
         """The device the nearest earlier action (one `a` depends on) left `model` on."""
-        for b in sorted(self.anc[a.id], key=lambda x: self.position[x], reverse=True):
-            for dev in reversed(self.trail.get(b, {}).get(model, [])):
-                if gpu is None or Device.parse(dev).is_gpu == gpu:
-                    return dev
+        mask = self.anc & self.left.get((model, gpu), 0)
+        if not mask:
+            return None
+        b = self.ids[mask.bit_length() - 1]
+        for dev in reversed(self.trail[b][model]):
+            if gpu is None or Device.parse(dev).is_gpu == gpu:
+                return dev
         return None
+
+    def remember(self, a: Action, model: str, kept: list[str]) -> None:
+        """Record where `a` left `model`, for the actions that depend on it."""
+        self.trail.setdefault(a.id, {})[model] = kept
+        bit = 1 << self.position[a.id]
+        for dev in kept:
+            d = Device.parse(dev)
+            for key in ((model, None), (model, d.is_gpu)):
+                self.left[key] = self.left.get(key, 0) | bit
+            nodes = self.held.setdefault((model, d.tier), {})
+            nodes[str(d.node)] = nodes.get(str(d.node), 0) | bit
 
     def registry(self, model: Model | None, node: str | None = None) -> str | None:
         """A ready copy in the registry (on `node` when given): dram before disk."""
@@ -113,8 +119,7 @@ class Placer:
                 p[key] = self.resolve(a, key, target, model, name)
         if name is not None:
             left = [p.get(k) for k in ("target_device", "device")] if a.type != "delete" else []
-            kept = [d for d in left if isinstance(d, str) and ":" in d and "${" not in d]
-            self.trail.setdefault(a.id, {})[name] = kept
+            self.remember(a, name, [d for d in left if isinstance(d, str) and ":" in d and "${" not in d])
         for key in ("target_device", "device"):  # a step that puts weights on a GPU holds that GPU
             dev = p.get(key)
             if a.type in ("download", "move", "copy", "serve") and isinstance(dev, str) and "${" not in dev:
@@ -133,7 +138,7 @@ class Placer:
                 return self.choose(a, key, model, "load", target, on_node=src.node)
             if a.type == "move":  # between tiers of the model's node
                 return str(Device(src.node, kind or ("dram" if src.tier == "disk" else "disk")))
-            self.load.holding = {str(Device.parse(d).node) for d in self.holders(a, name, kind or "disk")}
+            self.load.holding = self.holding(name, kind or "disk")
             try:
                 return self.choose(a, key, model, "copy", Auto(kind or "disk"))
             finally:
@@ -156,7 +161,7 @@ class Placer:
             return None
         m = REF_STEP.match(ref)
         if m is not None:
-            maker = self.wf.by_id().get(m.group(1))
+            maker = self.by_id.get(m.group(1))
             for key in ("target_device", "output_device"):
                 dev = maker.params.get(key) if maker is not None else None
                 if isinstance(dev, str) and ":" in dev and "${" not in dev and not is_auto(dev):
@@ -184,14 +189,14 @@ class Placer:
         finally:
             self.load.exclude = set()
 
-    def holders(self, a: Action, name: str | None, tier: str) -> list[str]:
-        """Devices already holding the model on `tier`: where earlier actions left it, and the registry's copies."""
+    def holding(self, name: str | None, tier: str) -> set[str]:
+        """Nodes already holding the model on `tier`: where earlier actions left it, and the registry's copies."""
         if name is None:
-            return []
-        held = [d for b in self.anc[a.id] for d in self.trail.get(b, {}).get(name, [])]
+            return set()
+        nodes = {node for node, bits in self.held.get((name, tier), {}).items() if bits & self.anc}
         model = self.models.get(name)
-        held += [loc.device for loc in (model.locations if model else []) if loc.status == "ready"]
-        return [d for d in held if Device.parse(d).tier == tier]
+        ready = [loc.device for loc in (model.locations if model else []) if loc.status == "ready"]
+        return nodes | {str(d.node) for d in map(Device.parse, ready) if d.tier == tier}
 
 
 def place_workflow(wf: Workflow) -> dict[str, dict[str, Any]]:
@@ -199,6 +204,7 @@ def place_workflow(wf: Workflow) -> dict[str, dict[str, Any]]:
     if not any(is_auto(a.params.get(k)) for a in wf.actions for k in FIELDS.get(a.type, ())):
         return {}
     placer = Placer(wf)
-    for a in placer.order:
-        placer.place(a)
+    for aid, bits in reach(placer.by_id, placer.ids, placer.ids):
+        placer.anc = bits
+        placer.place(placer.by_id[aid])
     return placer.decisions

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,23 +16,39 @@ from gswarm_tasks.sources import parse_source
 from gswarm_tasks.storage import prefix as storage_prefix
 
 from ..control import service_state
-from ..control.dispatch import peer_source
+from ..control.dispatch import forget_recorded, peer_source
 from ..extensions import db, settings
-from ..tables import Model, Node, TaskRecord, WorkflowRun
+from ..tables import Model, Node, NodeGpu, TaskRecord, WorkflowRun
 from .compiler import segments, step_device, step_queue
 from .data import prepare_data
-from .dispatcher import advance, send
+from .dispatcher import Sends, advance, send
 from .placing import place_workflow
 from .spec import Workflow, validate
+from .urls import allowed_origins, chosen_origins, fleet_node_hosts
 
 
 def now() -> datetime:
     return datetime.now(UTC)
 
 
-def submit(doc: dict[str, Any]) -> WorkflowRun:
-    """Validate, check against the fleet, persist, and start; nothing is created when anything is refused."""
+@dataclass
+class Plan:
+    """A workflow as submission makes it: its run and step rows written in the session, not committed."""
+
+    run: WorkflowRun
+    wf: Workflow
+    rows: list[dict[str, Any]]
+    sends: Sends
+    placements: dict[str, dict[str, Any]]
+
+
+def plan(doc: dict[str, Any]) -> Plan:
+    """Every check and every write of a submission, in the open transaction: validation, the fleet's nodes, the
+    registry, sources, URLs, placement, chunks. Raises (422, 404, 409 naming the action and field) on the first
+    thing refused; the caller commits (submit) or rolls back (validate)."""
     wf = validate(doc, settings().task_timeout_s)
+    fleet_node_hosts(wf.actions)
+    origins = allowed_origins(wf.actions)
     nodes = {n.name: n for n in db.session.scalars(db.select(Node))}
     _register_models(wf)
     placements = place_workflow(wf)
@@ -59,6 +76,8 @@ def submit(doc: dict[str, Any]) -> WorkflowRun:
     )
     db.session.add(run)
     data_extra = prepare_data(run, wf)
+    for aid, allowed in {**origins, **chosen_origins(data_extra)}.items():
+        data_extra.setdefault(aid, {})["allowed_origins"] = allowed
     for aid, decisions in placements.items():
         data_extra.setdefault(aid, {})["placement"] = decisions
     rows = _step_rows(run, wf, nodes, data_extra)
@@ -67,9 +86,70 @@ def submit(doc: dict[str, Any]) -> WorkflowRun:
     for r in rows:
         r["state"] = views[r["id"]].state
     db.session.execute(db.insert(TaskRecord), rows)
+    db.session.flush()
+    return Plan(run, wf, rows, sends, placements)
+
+
+def submit(doc: dict[str, Any]) -> WorkflowRun:
+    """Validate, check against the fleet, persist, and start; nothing is created when anything is refused."""
+    p = plan(doc)
     db.session.commit()
-    send(sends)
-    return run
+    send(p.sends)
+    return p.run
+
+
+def check(doc: dict[str, Any]) -> dict[str, Any]:
+    """What submitting `doc` would do, with every check submit runs; nothing is kept or sent."""
+    try:
+        p = plan(doc)
+        steps = [
+            {
+                "action_id": r["step_id"],
+                "action_type": r["kind"],
+                "node": r["node"],
+                "device": r["device"],
+                "source_device": r["source_device"],
+                "target_device": r["target_device"],
+                "dependencies": r["depends_on"],
+                "chain": r["segment"],
+            }
+            for r in p.rows
+        ]
+        answer = {
+            "valid": True,
+            "name": p.wf.name,
+            "actions": len(p.wf.actions),
+            "chains": len({r["segment"] for r in p.rows}),
+            "steps": steps,
+            "placement": p.placements,
+            "warnings": _warnings(p.rows),
+        }
+    finally:
+        db.session.rollback()
+        forget_recorded()
+    return answer
+
+
+def _warnings(rows: list[dict[str, Any]]) -> list[str]:
+    """What will fail when it runs unless the fleet changes first: a GPU its node does not report."""
+    gpus: dict[str, set[int]] = defaultdict(set)
+    for node, index in db.session.execute(db.select(NodeGpu.node_name, NodeGpu.index)):
+        gpus[str(node)].add(int(index))
+    out = []
+    for r in rows:
+        for key in ("device", "target_device"):
+            dev = r.get(key)
+            if not isinstance(dev, str) or "${" in dev or ":" not in dev:
+                continue
+            d = Device.parse(dev)
+            if d.is_gpu and d.gpu_index not in gpus.get(str(d.node), set()):
+                have = sorted(gpus.get(str(d.node), set()))
+                out.append(
+                    f"actions[{r['step_id']}].{key}: {d.node} reports "
+                    f"{'GPUs ' + str(have) if have else 'no GPU'}; the step fails with RESOURCE_UNAVAILABLE unless "
+                    f"{dev} is there when it runs"
+                )
+    return out
 
 
 class _RowView:
@@ -84,6 +164,7 @@ class _RowView:
 
 def _register_models(wf: Workflow) -> None:
     known = {m.name for m in db.session.scalars(db.select(Model))}
+    downloaded = {a.params.get("model_name") for a in wf.actions if a.type == "download"}
     for a in wf.actions:
         name = a.params.get("model_name")
         if a.type not in ("download", "move", "copy", "delete", "serve", "stop_serve") or not isinstance(name, str):
@@ -106,7 +187,7 @@ def _register_models(wf: Workflow) -> None:
                 )
             )
             known.add(name)
-        elif not any(b.type == "download" and b.params.get("model_name") == name for b in wf.actions):
+        elif name not in downloaded:
             raise InvalidRequest(
                 f"actions[{a.id}].model_name: {name} is not registered", {"field": f"actions[{a.id}].model_name"}
             )
@@ -128,7 +209,7 @@ def _service_row(model: Model, params: dict[str, Any]) -> str:
     """The service a serve step starts (one replica on its device, `pending` until the step runs); returns the
     replica's id, which is the id the node runs it under."""
     dev = Device.parse(params["device"])
-    config = params.get("config") or {}
+    config = {**(params.get("config") or {}), **(params.get("service_config") or {})}
     svc = service_state.create(
         model, str(dev), 1, params.get("port"), str(config.get("backend", "builtin")), config=config, status="pending"
     )

@@ -26,6 +26,8 @@ from gswarm_web.cli.up import control_plane_specs, free_port
 from tests.integration.fleet import Fleet, running_fleet
 from tests.integration.procs import Proc, wait_for
 
+pytestmark = pytest.mark.serial  # see pyproject.toml: runs alone after the parallel part
+
 CHROMIUM = "/usr/bin/chromium"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 PAGES = ("fleet", "models", "workflows", "queue", "profiler", "scheduling", "data")
@@ -610,3 +612,33 @@ def test_copy_two_screenshots_for_the_readme(artifacts: Path) -> None:
         return
     shutil.copy(artifacts / "fleet.png", DOCS / "dashboard-fleet.png")
     shutil.copy(artifacts / "workflow.png", DOCS / "dashboard-workflow.png")
+
+
+def test_a_steps_status_change_reaches_the_page_through_the_event_stream(browser: Any, fleet: Fleet) -> None:
+    """With the page's fallback poll set to ten minutes, a workflow submitted elsewhere still moves on its DAG as its
+    steps change: what moves it is the event stream (/api/v1/events), within a second or two of each change."""
+    base = fleet.base_url  # type: ignore[attr-defined]
+    w = Watched(browser, base)
+    page = w.page
+    page.add_init_script("sessionStorage.setItem('gswarm.slowPollMs', '600000')")
+    _sign_in(page, base, fleet.token)
+    page.wait_for_selector("html[data-events=live]")
+    doc = {"name": "dash-events", "actions": [
+        {"action_id": "gate", "action_type": "noop", "duration_s": 3},
+        {"action_id": "after", "action_type": "noop", "dependencies": ["gate"]},
+    ]}  # fmt: skip
+    code, wf = fleet.post("/workflows", doc)
+    assert code == 201, wf
+    page.goto(f"{base}/#/workflows/{wf['id']}")
+    page.wait_for_selector('svg.dag g.step[data-step="gate"]')
+    loads = len([u for u in w.requests if u.endswith(f"/api/v1/workflows/{wf['id']}")])
+    page.wait_for_selector('svg.dag g.step[data-step="gate"][data-status="running"]', timeout=20_000)
+    page.wait_for_selector('svg.dag g.step[data-step="after"][data-status="succeeded"]', timeout=20_000)
+    shown = time.time()
+    page.wait_for_selector('#page-workflows[data-status="succeeded"]', timeout=10_000)
+    steps = {s["action_id"]: s for s in fleet.get(f"/workflows/{wf['id']}")[1]["steps"]}
+    finished = datetime.fromisoformat(steps["after"]["finished_at"]).timestamp()
+    assert shown - finished < 2.0, f"the page showed the end {shown - finished:.2f} s after it"
+    reloads = len([u for u in w.requests if u.endswith(f"/api/v1/workflows/{wf['id']}")]) - loads
+    assert 1 <= reloads <= 6, reloads  # one per burst of events (a few per step), no timer
+    w.close()

@@ -88,12 +88,21 @@ def test_base64_chunk_lands_on_the_tier_and_equal_content_is_stored_once(fleet: 
     assert [loc["device"] for loc in chunk["locations"]] == ["node1:dram"]
     stored = fleet.dram("node1") / "data" / chunk["chunk_id"]
     assert stored.read_bytes() == raw
-    again = created(fleet, body)
-    assert again["deduplicated"] is True and again["chunk_id"] == chunk["chunk_id"]
+    again = created(fleet, {**body, "type": "intermediate", "metadata": {"who": "second"}})
+    assert again["deduplicated"] is True and again["chunk_id"] != chunk["chunk_id"]  # its own chunk, shared bytes
+    assert again["chunk_type"] == "intermediate" and again["metadata"]["who"] == "second"
+    assert chunk["chunk_type"] == "input" and "who" not in fleet.get(f"/data/{chunk['chunk_id']}")[1]["metadata"]
+    assert (fleet.dram("node1") / "data" / again["chunk_id"]).stat().st_ino == stored.stat().st_ino
     other_tier = created(fleet, {**body, "device": "node1:disk"})
-    assert other_tier["chunk_id"] != chunk["chunk_id"]  # dedup is per device
+    assert other_tier["deduplicated"] is False  # bytes are shared per device
     listed = fleet.get("/data?device=node1:dram")[1]
-    assert [c["chunk_id"] for c in listed["chunks"]] == [chunk["chunk_id"]]
+    assert {c["chunk_id"] for c in listed["chunks"]} == {chunk["chunk_id"], again["chunk_id"]}
+    code, _ = fleet.api("DELETE", f"/data/{chunk['chunk_id']}")  # one owner's delete leaves the other's bytes
+    assert code == 202
+    wait_for(lambda: fleet.get(f"/data/{chunk['chunk_id']}")[0] == 404, 30, "the first chunk deleted")
+    assert (fleet.dram("node1") / "data" / again["chunk_id"]).read_bytes() == raw
+    r = fleet.client.get(f"/api/v1/data/{again['chunk_id']}/content", headers=fleet.auth())
+    assert r.status_code == 200 and r.data == raw
 
 
 def test_chunk_from_a_file_and_delete(fleet: Fleet) -> None:

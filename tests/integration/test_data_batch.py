@@ -95,21 +95,27 @@ def test_a_batch_answers_every_id_in_order_and_stores_every_chunk(fleet: Fleet) 
 
 
 def test_equal_bytes_are_stored_once_within_a_batch_and_across(fleet: Fleet) -> None:
+    """Every item is a chunk of its own; equal bytes on one device share one file (within a batch and across)."""
     raw, other = os.urandom(300), os.urandom(300)
     code, first = fleet.post("/data/batch", {"chunks": [item(raw), item(raw), item(other)]})
     assert code == 202, first
     a, b, c = first["chunks"]
-    assert b["chunk_id"] == a["chunk_id"] and b["deduplicated"] and not a["deduplicated"]
-    assert c["chunk_id"] != a["chunk_id"]
-    available(fleet, a["chunk_id"])
-    available(fleet, c["chunk_id"])
+    assert len({a["chunk_id"], b["chunk_id"], c["chunk_id"]}) == 3
+    assert b["deduplicated"] and not a["deduplicated"] and not c["deduplicated"]
+    for x in (a, b, c):
+        available(fleet, x["chunk_id"])
+    path = fleet.dram("node1") / "data"
+    assert (path / a["chunk_id"]).stat().st_ino == (path / b["chunk_id"]).stat().st_ino
     code, again = fleet.post("/data/batch", {"chunks": [item(other), item(raw)]})
-    assert code == 200, again  # nothing new to store
-    assert [x["chunk_id"] for x in again["chunks"]] == [c["chunk_id"], a["chunk_id"]]
-    assert all(x["deduplicated"] and x["task_id"] is None and x["status"] == "available" for x in again["chunks"])
-    # the same bytes on another device are another chunk
+    assert code == 202, again
+    assert all(x["deduplicated"] and x["chunk_id"] not in (a["chunk_id"], c["chunk_id"]) for x in again["chunks"])
+    for x, want in zip(again["chunks"], (other, raw), strict=True):
+        available(fleet, x["chunk_id"])
+        assert (path / x["chunk_id"]).read_bytes() == want
+    assert (path / again["chunks"][1]["chunk_id"]).stat().st_nlink == 3  # three chunks, one file
+    # the same bytes on another device are another file
     code, disk = fleet.post("/data/batch", {"chunks": [item(raw, "node1:disk")]})
-    assert code == 202 and disk["chunks"][0]["chunk_id"] != a["chunk_id"]
+    assert code == 202 and not disk["chunks"][0]["deduplicated"]
     available(fleet, disk["chunks"][0]["chunk_id"])
 
 

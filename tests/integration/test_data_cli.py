@@ -181,14 +181,15 @@ def test_create_sources_dedup_and_refusals(fleet: Fleet, cli: Cli, tmp_path: Pat
     assert ch["status"] == "available" and ch["locations"][0]["device"] == "node2:disk"
     assert (fleet.storage("node2") / "data" / ch["chunk_id"]).read_text() == src.read_text()
 
-    # base64 bytes; the same bytes on the same device are stored once
+    # base64 bytes; the same bytes again on the same device: a chunk of its own, sharing the bytes
     payload = base64.b64encode(b"same bytes\n" * 100).decode()
     first = json.loads(ok(cli("create", "--data-b64", payload, "--device", "node1:dram", "--json")).out)
     again = json.loads(ok(cli("create", "--data-b64", payload, "--device", "node1:dram", "--json")).out)
-    assert again["deduplicated"] is True and again["chunk_id"] == first["chunk_id"]
+    assert again["deduplicated"] is True and again["chunk_id"] != first["chunk_id"]
     r = ok(cli("create", "--data-b64", payload, "--device", "node1:dram"))
-    assert "deduplicated" in r.out and first["chunk_id"] in r.out
-    assert (fleet.dram("node1") / "data" / first["chunk_id"]).read_bytes() == b"same bytes\n" * 100
+    assert "deduplicated" in r.out
+    a, b = (fleet.dram("node1") / "data" / c["chunk_id"] for c in (first, again))
+    assert a.read_bytes() == b.read_bytes() == b"same bytes\n" * 100 and a.stat().st_ino == b.stat().st_ino
 
     # --no-wait returns at once; the chunk becomes available by itself
     r = ok(

@@ -6,6 +6,7 @@ model is MiniLM from a local Hugging Face endpoint, `s3://` inputs are local fil
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,3 +145,43 @@ def test_multi_stage_pipeline_merges_results_from_two_nodes(fleet: Fleet, model_
     for step in ("process_text", "process_images"):
         read = fleet.get(f"/data/{steps[step]['outputs']['chunk_id']}")[1]
         assert read["metadata"]["access_count"] >= 1, read
+
+
+def test_health_check_and_inference_reach_a_replica_by_its_url_and_nothing_else(fleet: Fleet, model_dir: Path) -> None:
+    """A literal URL is allowed when it is a replica the control plane knows (what `${serve.service_url}` resolves
+    to); any other URL is refused at submission naming the field, and reaches nothing."""
+    from tests.hostile import Recorder
+
+    lines = base64.b64encode("\n".join(TEXT).encode()).decode()
+    steps = run(
+        fleet,
+        {
+            "name": "serve-for-urls",
+            "actions": [
+                {"action_id": "get", "action_type": "download", "model_name": "minilm-urls", "source_url": f"hf://{REPO}",
+                 "target_device": "node1:disk"},
+                {"action_id": "serve", "action_type": "serve", "model_name": "minilm-urls", "device": "node1:cpu",
+                 "dependencies": ["get"]},
+                {"action_id": "text", "action_type": "data_create", "data": lines, "target_device": "node1:dram"},
+            ],
+        },
+    )  # fmt: skip
+    url, chunk = steps["serve"]["outputs"]["service_url"], steps["text"]["outputs"]["chunk_id"]
+    check = {"action_id": "check", "action_type": "health_check", "target_url": f"{url}/health"}
+    infer = {"action_id": "embed", "action_type": "inference", "service_url": url, "input": chunk,
+             "output_device": "node1:dram", "dependencies": ["check"]}  # fmt: skip
+    steps = run(fleet, {"name": "replica-by-url", "actions": [check, infer]})
+    assert steps["check"]["outputs"]["status_code"] == 200
+    on_node = json.loads((fleet.dram("node1") / "data" / steps["embed"]["outputs"]["chunk_id"]).read_bytes())
+    assert close_to([d["embedding"] for d in on_node["data"]], reference(model_dir, TEXT))
+    internal = Recorder()
+    try:
+        elsewhere = f"http://127.0.0.1:{internal.port}"
+        for action, field in ((check, "target_url"), (infer, "service_url")):
+            bad = {**action, field: elsewhere, "dependencies": []}
+            code, body = fleet.post("/workflows", {"name": "elsewhere", "actions": [bad]})
+            assert code == 422, body
+            assert body["error"]["details"]["field"] == f"actions[{action['action_id']}].{field}", body
+        assert internal.hits == []
+    finally:
+        internal.close()

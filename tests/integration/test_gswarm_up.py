@@ -1,4 +1,5 @@
-"""`gswarm up` on SQLite and an embedded Redis: healthy, its node registered, and nothing left after SIGTERM."""
+"""`gswarm up` on SQLite and an embedded Redis: healthy, its node registered, private (a Redis that needs its password,
+0700/0600 under GSWARM_HOME, a private dram root), and nothing of it left 5 s after SIGTERM."""
 
 from __future__ import annotations
 
@@ -10,10 +11,40 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
+import redis
 import requests
 
 from gswarm_web.cli.up import free_port
 from tests.integration.procs import Proc, wait_for
+
+pytestmark = pytest.mark.serial  # see pyproject.toml: runs alone after the parallel part
+
+
+def assert_private(home: Path) -> None:
+    """Every directory under `home` is 0700 and every file 0600 (owned by this user)."""
+    found = []
+    for path in [home, *home.rglob("*")]:
+        st = path.lstat()
+        want = 0o700 if path.is_dir() else 0o600
+        assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == want, f"{path}: {oct(st.st_mode & 0o777)}"
+        found.append(path.relative_to(home).as_posix())
+    for part in ("gswarm.db", "token", "redis.password", "redis/redis.conf", "logs/web.log", "storage/upnode"):
+        assert part in found, (part, found)
+    assert any(p.startswith("redis/appendonly") for p in found), found  # the AOF
+
+
+def alive_after_stop(up: Proc, children: list[psutil.Process]) -> list[str]:
+    """What is left of `gswarm up` (its process group and every process it started), by command line."""
+    left = []
+    for p in {p.pid: p for p in [*children, *psutil.process_iter()]}.values():
+        try:
+            ours = p in children or os.getpgid(p.pid) == up.pid
+            if ours and p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(" ".join(p.cmdline()))
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return left
 
 
 def test_gswarm_up_comes_up_healthy_and_stops_clean(tmp_path: Path) -> None:
@@ -46,8 +77,23 @@ def test_gswarm_up_comes_up_healthy_and_stops_clean(tmp_path: Path) -> None:
         assert (home / "gswarm.db").is_file() and (home / "logs" / "web.log").is_file()
         up.wait_log("Press Ctrl-C to stop.", timeout=30)
         out = up.log()
-        assert f"http://127.0.0.1:{port}/api/v1/docs" in out and f"redis://127.0.0.1:{rport}/0" in out
+        password = (home / "redis.password").read_text().strip()
+        assert len(password) >= 32
+        assert f"http://127.0.0.1:{port}/api/v1/docs" in out and f"redis://:***@127.0.0.1:{rport}/0" in out
+        assert f"gswarm client connect 127.0.0.1:{rport} --token {password}" in out
         assert str(home / "token") in out
+        # Redis access is running tasks on nodes: the embedded Redis refuses a client without the password.
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=rport, socket_timeout=5).ping()
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=rport, password="not-it", socket_timeout=5).ping()
+        assert redis.Redis(port=rport, password=password, socket_timeout=5).ping()
+        assert password not in " ".join(" ".join(c.cmdline()) for c in psutil.Process(up.pid).children(True))
+        assert_private(home)
+        dram = Path("/dev/shm") / f"gswarm-{os.geteuid()}" / "upnode"
+        for d in (dram, dram.parent):
+            st = d.lstat()
+            assert st.st_uid == os.geteuid() and oct(st.st_mode & 0o777) == "0o700", (d, oct(st.st_mode))
         assert requests.get(f"{api}/nodes", timeout=2).status_code == 401
 
         # The CLI reads the token from $GSWARM_HOME/token and talks to GSWARM_API_URL.
@@ -57,6 +103,11 @@ def test_gswarm_up_comes_up_healthy_and_stops_clean(tmp_path: Path) -> None:
         assert [n["name"] for n in json.loads(out.stdout)["nodes"]] == ["upnode"]
         out = subprocess.run([gswarm, "health"], env=cli_env, capture_output=True, text=True, timeout=30)
         assert out.returncode == 0 and "healthy" in out.stdout
+        # this host runs upnode: `node status` without a name is it, and `host status` shows what up runs
+        out = subprocess.run([gswarm, "node", "status"], env=cli_env, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and "upnode healthy" in out.stdout, out
+        out = subprocess.run([gswarm, "host", "status"], env=cli_env, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and f"pid {up.pid}" in out.stdout and "upnode" in out.stdout, out
         # A bad token: the server's message on one line, no traceback.
         out = subprocess.run(
             [gswarm, "nodes"], env={**cli_env, "GSWARM_TOKEN": "nope"}, capture_output=True, text=True, timeout=30
@@ -70,11 +121,13 @@ def test_gswarm_up_comes_up_healthy_and_stops_clean(tmp_path: Path) -> None:
             assert part in names, part
 
         os.kill(up.pid, signal.SIGTERM)
-        assert up.proc is not None
-        up.proc.wait(timeout=60)
-        assert up.proc.returncode == 0
-        alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-        assert alive == [], [c.cmdline() for c in alive]
+        proc = up.proc
+        assert proc is not None
+        try:
+            wait_for(lambda: proc.poll() is not None and not alive_after_stop(up, children), 5.0, "an empty group")
+        except AssertionError:
+            raise AssertionError(f"alive 5 s after SIGTERM: {alive_after_stop(up, children)}") from None
+        assert proc.returncode == 0
     finally:
         up.stop()
 
@@ -85,7 +138,7 @@ def test_host_start_runs_the_control_plane_only(tmp_path: Path, redis_url: str, 
     env = {k: v for k, v in os.environ.items() if not k.startswith("GSWARM_")}
     env.update(GSWARM_HOME=str(home), GSWARM_REDIS_URL=redis_url, GSWARM_DATABASE_URL=pg_url, PYTHONUNBUFFERED="1")
     gswarm = str(Path(sys.executable).with_name("gswarm"))
-    head = Proc("head", [gswarm, "host", "start", "--port", str(port)], env, tmp_path).start()
+    head = Proc("head", [gswarm, "host", "start", "--http-port", str(port), "--model-port", "0"], env, tmp_path).start()
     try:
         api = f"http://127.0.0.1:{port}/api/v1"
         health = wait_for(

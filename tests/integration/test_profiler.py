@@ -29,7 +29,11 @@ def until(seconds: float) -> None:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with running_fleet(
-        tmp_path_factory.mktemp("prof"), redis_db=10, extra_env={"GSWARM_FAKE_GPUS": "2"}, nodes=("node1",)
+        tmp_path_factory.mktemp("prof"),
+        redis_db=10,
+        # A bound the longer session of the export test exceeds: frames of node1 carry 2 GPUs, 3 readings a frame.
+        extra_env={"GSWARM_FAKE_GPUS": "2", "GSWARM_PROFILING_EXPORT_MAX_READINGS": "240"},
+        nodes=("node1",),
     ) as f:
         yield f
 
@@ -97,6 +101,57 @@ def test_session_refusals(fleet: Fleet) -> None:
     assert fleet.post("/profiler/sessions", {"name": "fast", "freq_ms": 50})[0] == 422
     assert fleet.post("/profiler/sessions", {"name": "x", "nodes": ["ghost"]})[0] == 404
     assert fleet.post("/profiler/sessions", {"name": "../x"})[0] == 422
+
+
+def test_export_pages_and_plot_read_only_their_window_and_are_bounded(fleet: Fleet) -> None:
+    from datetime import datetime, timedelta
+
+    code, _ = fleet.post("/profiler/sessions", {"name": "long", "freq_ms": 100, "nodes": ["node1"]})
+    assert code == 201
+    wait_for(lambda: fleet.get("/profiler/sessions/long")[1]["host_frame_count"] >= 90, 60, "90 frames of node1")
+    code, stopped = fleet.post("/profiler/sessions/long/stop", {})
+    assert code == 200 and stopped["host_frame_count"] >= 90  # a stop streams its summary: never refused
+    sealed = wait_for(lambda: (b := fleet.get("/profiler/sessions/long")[1])["sealed_at"] and b, 30, "long sealed")
+    # The export comes in pages of at most 240 readings (80 frames of 2 GPUs and a host), the summaries last.
+    pages, host_rows, gpu_rows, cursor = [], [], [], None
+    while True:
+        code, page = fleet.get("/profiler/sessions/long/export", query_string={"cursor": cursor} if cursor else {})
+        assert code == 200, page
+        pages.append(page)
+        assert len(page["frames"]) + len(page["host_frames"]) <= 240
+        host_rows += page["host_frames"]
+        gpu_rows += page["frames"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+        assert page["summary_by_device"] is None
+    assert len(pages) >= 2 and len(host_rows) == sealed["host_frame_count"]
+    assert [r["frame_id"] for r in host_rows] == list(range(len(host_rows)))
+    assert pages[-1]["summary_by_device"] == sealed["summary_by_device"]
+    assert len(gpu_rows) == 2 * len(host_rows)
+    r = fleet.client.get("/api/v1/profiler/sessions/long/export?all=true", headers=fleet.auth())
+    whole = r.get_json()
+    assert r.status_code == 200 and whole["host_frames"] == host_rows and whole["frames"] == gpu_rows
+    assert whole["summary_by_device"] == sealed["summary_by_device"]  # the same from every frame
+    code, body = fleet.get("/profiler/sessions/long/export", query_string={"cursor": "bogus"})
+    assert code == 422 and body["error"]["details"]["field"] == "cursor"
+    code, body = fleet.get("/profiler/sessions/long/plot")
+    assert code == 422, body
+    assert body["error"]["details"]["field"] == "window" and "start` and `end" in body["error"]["message"]
+    lo = datetime.fromisoformat(stopped["start_time"]) + timedelta(seconds=2)
+    hi = lo + timedelta(seconds=3)
+    window = {"start": lo.isoformat(), "end": hi.isoformat()}
+    code, part = fleet.get("/profiler/sessions/long/export", query_string=window)
+    assert code == 200, part
+    assert part["window"] == window and part["session_name"] == "long" and part["next_cursor"] is None
+    times = {f["time"] for f in part["frames"]} | {f["time"] for f in part["host_frames"]}
+    assert times and lo.timestamp() <= min(times) and max(times) <= hi.timestamp()
+    assert 25 <= len(part["host_frames"]) <= 32, len(part["host_frames"])  # 10 a second
+    r = fleet.client.get("/api/v1/profiler/sessions/long/plot", query_string=window, headers=fleet.auth())
+    assert r.status_code == 200 and r.data[:4] == b"\x89PNG"
+    before = {"end": (datetime.fromisoformat(stopped["start_time"]) - timedelta(seconds=1)).isoformat()}
+    code, body = fleet.get("/profiler/sessions/long/export", query_string=before)
+    assert code == 422 and body["error"]["details"]["field"] == "end", body
 
 
 def free_port() -> int:

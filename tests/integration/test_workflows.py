@@ -279,14 +279,11 @@ def test_cli_runs_a_workflow_and_its_exit_code_says_how_it_went(fleet: Fleet, tm
         text=True,
         timeout=60,
     )
-    assert r.returncode == 0 and len(list((tmp_path / "ex").glob("*.yaml"))) == 6
-    for f in (tmp_path / "ex").glob("*.yaml"):
-        r2 = fleet.client.post(
-            "/api/v1/workflows/validate",
-            data=f.read_text(),
-            headers={**fleet.auth(), "Content-Type": "application/yaml"},
-        )
-        assert r2.status_code == 200 and r2.json["valid"], (f.name, r2.json)
+    from gswarm_web.workflows.examples import ORDER
+
+    assert r.returncode == 0 and len(list((tmp_path / "ex").glob("*.yaml"))) == len(ORDER)
+    for f in (tmp_path / "ex").glob("*.yaml"):  # on this fleet (no GPU, no s3) validate says what submit does
+        assert_validate_agrees(fleet, f.read_text())
     r = subprocess.run(
         [gswarm, "queue", "history", "--limit", "3"], env=env, capture_output=True, text=True, timeout=60
     )
@@ -315,3 +312,96 @@ def test_cancelling_one_step_skips_its_dependents(fleet: Fleet) -> None:
     s = steps(body)
     assert s["long"]["status"] == "cancelled" and s["x"]["status"] == "skipped" and s["other"]["status"] == "succeeded"
     assert body["status"] == "cancelled"
+
+
+def answer(fleet: Fleet, path: str, text: str) -> tuple[int, Any]:
+    r = fleet.client.post(path, data=text, headers={**fleet.auth(), "Content-Type": "application/yaml"})
+    return r.status_code, r.json
+
+
+def assert_validate_agrees(fleet: Fleet, text: str) -> None:
+    """POST /workflows/validate answers valid exactly when POST /workflows accepts, else the very same error; and
+    validating creates nothing."""
+    before = fleet.get("/workflows")[1]["total"], fleet.get("/services")[1]["total"], fleet.get("/models")[1]["total"]
+    v_code, v = answer(fleet, "/api/v1/workflows/validate", text)
+    after = fleet.get("/workflows")[1]["total"], fleet.get("/services")[1]["total"], fleet.get("/models")[1]["total"]
+    assert after == before, (before, after)
+    s_code, s = answer(fleet, "/api/v1/workflows", text)
+    if s_code == 201:
+        assert v_code == 200 and v["valid"] and v["actions"] == sum(s["step_counts"].values()), (v, s)
+        assert fleet.api("POST", f"/workflows/{s['id']}/cancel")[0] in (200, 422)
+    else:
+        assert v_code == s_code, (text[:200], v, s)
+        same = ("code", "message", "details")
+        assert {k: v["error"][k] for k in same} == {k: s["error"][k] for k in same}
+
+
+def test_validate_runs_every_check_submit_runs(fleet: Fleet) -> None:
+    """Good and bad documents, each refused (or accepted) by validate exactly as by submit: the document, the
+    fleet's nodes, the registry, sources, URLs, placement and chunks."""
+    download = {"action_id": "d", "action_type": "download", "model_name": "never-registered",
+                "target_device": "node1:disk"}  # fmt: skip
+    docs = [
+        {"name": "good", "actions": [noop("a"), noop("b", "a", node="node2")]},
+        {"name": "bad-document", "actions": [noop("a", "a")]},
+        {"name": "no-such-node", "actions": [noop("a", node="node9")]},
+        {"name": "unregistered", "actions": [download]},
+        {"name": "bad-source", "actions": [{**download, "source_url": "ftp://example.com/m"}]},
+        {
+            "name": "s3-off",
+            "actions": [
+                {"action_id": "c", "action_type": "data_create", "source": "s3://b/k", "target_device": "node1:dram"}
+            ],
+        },  # fmt: skip
+        {
+            "name": "no-gpu",
+            "actions": [
+                {**download, "source_url": "hf://org/m"},
+                {
+                    "action_id": "s",
+                    "action_type": "serve",
+                    "model_name": "never-registered",
+                    "device": "auto:gpu",
+                    "dependencies": ["d"],
+                },
+            ],
+        },  # fmt: skip
+        {
+            "name": "no-chunk",
+            "actions": [
+                {"action_id": "m", "action_type": "data_move", "data_id": "nope", "target_device": "node1:disk"}
+            ],
+        },  # fmt: skip
+        {
+            "name": "elsewhere",
+            "actions": [{"action_id": "h", "action_type": "health_check", "target_url": "http://10.1.2.3:8080/health"}],
+        },  # fmt: skip
+        {
+            "name": "node-port-unserved",
+            "actions": [{"action_id": "h", "action_type": "health_check", "target_url": "http://node1:8080/health"}],
+        },  # fmt: skip
+    ]
+    for doc in docs:
+        assert_validate_agrees(fleet, yaml.safe_dump(doc))
+    code, body = answer(fleet, "/api/v1/workflows/validate", yaml.safe_dump(docs[-1]))
+    assert code == 422 and "node1 is a node, but nothing serves on its port 8080" in body["error"]["message"]
+
+
+def test_the_originals_job_paths_submit_and_follow_a_workflow(fleet: Fleet) -> None:
+    """`curl -X POST .../jobs/from-yaml -F file=@workflow.yaml`, `.../jobs/JOB_ID/status`, `.../jobs` as the
+    original gsmodel documents them, under /api/v1 and with a token."""
+    import io
+
+    text = yaml.safe_dump({"name": "job", "actions": [noop("a"), noop("b", "a", node="node2")]})
+    r = fleet.client.post(
+        "/api/v1/jobs/from-yaml",
+        headers=fleet.auth(),
+        data={"file": (io.BytesIO(text.encode()), "workflow.yaml")},
+        content_type="multipart/form-data",
+    )
+    assert r.status_code == 201, r.json
+    job = r.json["id"]
+    done = wait_for(lambda: fleet.get(f"/jobs/{job}/status")[1]["status"] == "succeeded", 60, "the job")
+    assert done and any(w["id"] == job for w in fleet.get("/jobs?per_page=100")[1]["workflows"])
+    code, body = fleet.post("/jobs", {"name": "job-json", "actions": [noop("x", node="node9")]})
+    assert code == 404 and body["error"]["details"]["field"] == "actions[x].node"

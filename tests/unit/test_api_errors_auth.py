@@ -56,11 +56,11 @@ def test_fixed_admin_token_from_settings(settings: Any) -> None:
     from tests.conftest import build_app
 
     app = build_app(settings)
-    app.config["GSWARM_ADMIN_TOKEN"] = "fixed-secret-token"
+    app.config["GSWARM_ADMIN_TOKEN"] = "fixed-secret-token-of-32-chars-x"
     with app.app_context():
         c = app.test_client()
-        assert c.get("/api/v1/nodes", headers=bearer("fixed-secret-token")).status_code == 200
-        assert c.get("/api/v1/nodes", headers=bearer("fixed-secret-tokeN")).status_code == 401
+        assert c.get("/api/v1/nodes", headers=bearer("fixed-secret-token-of-32-chars-x")).status_code == 200
+        assert c.get("/api/v1/nodes", headers=bearer("fixed-secret-token-of-32-chars-X")).status_code == 401
 
 
 def test_404_shape(client: FlaskClient, admin_token: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import Any
 
 import fakeredis
 import redis
@@ -13,7 +14,13 @@ from gswarm_tasks import names
 from gswarm_tasks.nvml import FakeGpuSource
 from gswarm_tasks.sampler import Sampler
 from gswarm_web.control.metrics import prometheus_text
-from gswarm_web.control.session_state import at_frequency, export_document
+from gswarm_web.profile_doc import export_document as _export_document
+from gswarm_web.profile_doc import thin
+
+
+def export_document(name: str, start: datetime, end: datetime | None, fr: Any, bandwidth: bool, nvlink: bool) -> dict:
+    head = {"session_name": name, "start_time": start.isoformat(), "end_time": end.isoformat() if end else None}
+    return _export_document(head, fr, bandwidth, nvlink)
 
 
 def test_frames_are_buffered_while_redis_is_down_and_flushed_in_order() -> None:
@@ -93,7 +100,7 @@ def test_export_shape_and_summaries() -> None:
     assert len(doc["frames"]) == 20 and set(doc["summary_by_device"]) == {"n1:0:Fake H100 80GB", "n1:1:Fake H100 80GB"}
     cpu = doc["summary_by_node"]["n1"]["cpu_percent"]
     assert cpu == {"mean": 4.5, "max": 9.0, "p95": 9.0}
-    assert len(at_frequency(frames(10, period=0.1), 0.2)) == 5
+    assert len(list(thin(frames(10, period=0.1), 0.2))) == 5
 
 
 def test_prometheus_text_parses_with_dcgm_names() -> None:
@@ -151,6 +158,7 @@ def test_a_host_only_session_exports_host_frames_and_plots_host_panels() -> None
         "frame_id": 1,
         "time": 1000.1,
         "node": "n1",
+        "seq": 1,
         "cpu_percent": 1.0,
         "dram_used_bytes": 8 * 2**30,
         "dram_percent": 50.0,

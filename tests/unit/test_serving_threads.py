@@ -8,15 +8,17 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
+from gswarm_tasks.engines import BUILTIN
+from gswarm_tasks.launch import server_argv
 from gswarm_tasks.model_server import parse_args
-from gswarm_tasks.serving import server_argv
 from gswarm_web.extensions import db
 from gswarm_web.tables import Model
 from tests.conftest import bearer
 
 
 def argv(config: dict[str, object], cpu_threads: int = 1) -> list[str]:
-    return server_argv("builtin", Path("/m"), "m", "127.0.0.1", 8080, "cpu", config, None, False, cpu_threads)
+    out = server_argv(BUILTIN, Path("/m"), "m", "127.0.0.1", 8080, "cpu", config, False, cpu_threads)
+    return out[: out.index("--device")]  # the threads flag is the last of the parameters
 
 
 def test_threads_come_from_the_setting_unless_the_config_says() -> None:

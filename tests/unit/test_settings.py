@@ -21,7 +21,7 @@ def test_defaults_live_under_home(tmp_path: Path) -> None:
 
 def test_config_file_then_environment(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("cluster:\n  port: 9000\nqueue:\n  retry_count: 7\nmodels:\n  cache_size: 2GiB\n")
+    cfg.write_text("cluster:\n  http_port: 9000\nqueue:\n  retry_count: 7\nmodels:\n  cache_size: 2GiB\n")
     s = load_settings({"GSWARM_HOME": str(tmp_path), "GSWARM_CONFIG": str(cfg), "GSWARM_QUEUE_RETRY_COUNT": "5"})
     assert s.api_port == 9000
     assert s.retry_count == 5  # the environment wins over the file

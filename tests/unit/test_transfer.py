@@ -125,6 +125,36 @@ def test_verified_copy_and_atomic_install(tmp_path: Path) -> None:
     final = tmp_path / "final"
     final.mkdir()
     (final / "old.txt").write_text("old")
-    install(tmp_path / "stage", final)
+    install(tmp_path / "stage", final, {"files": [{"path": "a.bin", **expected}]})
     assert sorted(p.name for p in final.iterdir()) == ["a.bin"]
     assert not any(p.name.startswith(".final") for p in tmp_path.iterdir())
+
+
+def test_install_refuses_a_staging_that_differs_from_its_manifest(tmp_path: Path) -> None:
+    """A staging directory missing a file, with one too many, one of another size or (when not hashed as it was
+    written) other bytes replaces nothing."""
+    stage, final = tmp_path / "stage", tmp_path / "final"
+    final.mkdir()
+    (final / "good.bin").write_text("the complete copy")
+    files = {"a.bin": os.urandom(1000), "b.bin": os.urandom(2000)}
+    stage.mkdir()
+    for name, data in files.items():
+        (stage / name).write_bytes(data)
+    manifest = {"files": [{"path": n, **hash_file(stage / n)} for n in sorted(files)]}
+    (stage / "b.bin").unlink()
+    with pytest.raises(VerificationError, match="b.bin: missing"):
+        install(stage, final, manifest)
+    (stage / "b.bin").write_bytes(files["b.bin"][:-1])
+    with pytest.raises(VerificationError, match="b.bin: size"):
+        install(stage, final, manifest)
+    (stage / "b.bin").write_bytes(bytes(len(files["b.bin"])))
+    with pytest.raises(VerificationError, match="b.bin: blake3 mismatch"):
+        install(stage, final, manifest, hashed=False)
+    (stage / "b.bin").write_bytes(files["b.bin"])
+    (stage / "stray.bin").write_bytes(b"x")
+    with pytest.raises(VerificationError, match="stray.bin: not in the manifest"):
+        install(stage, final, manifest)
+    assert [p.name for p in final.iterdir()] == ["good.bin"]
+    (stage / "stray.bin").unlink()
+    install(stage, final, manifest, hashed=False)
+    assert sorted(p.name for p in final.iterdir()) == ["a.bin", "b.bin"]

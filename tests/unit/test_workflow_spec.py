@@ -164,3 +164,16 @@ def test_runnable_examples_name_no_node(name: str) -> None:
         for key in AUTO_DEFAULTS.get(a.type, ()):
             value = a.params.get(key)
             assert is_auto(value) or "${" in str(value), (a.id, key, value)
+
+
+def test_the_originals_queue_switches_are_on_or_refused_saying_so() -> None:
+    base = {"name": "q", "actions": [noop("a")]}
+    ok = {"max_concurrent_tasks": 4, "enable_resource_tracking": True, "resource_tracking": True,
+          "priority_levels": ["critical", "high", "normal", "low"]}  # fmt: skip
+    assert validate({**base, "queue_config": ok}).queue_config == ok
+    for key, value, says in (
+        ("enable_resource_tracking", False, "always on"),
+        ("priority_levels", ["urgent", "normal"], "the levels are fixed"),
+    ):
+        with pytest.raises(InvalidRequest, match=rf"^queue_config.{key}: {says}"):
+            validate({**base, "queue_config": {key: value}})

@@ -74,8 +74,8 @@ def idle_group(c: Cluster, m: int, key: Callable[[int], Any] | None = None, warm
                     return grp
     key = key or lru_key(c)
     best: tuple[Any, Group] | None = None
-    for node_gpus in c.eligible[m]:
-        free = [g for g in node_gpus if g in c.idle]
+    for node in range(len(c.eligible[m])):
+        free = c.idle_on(m, node)
         if len(free) < k:
             continue
         free.sort(key=key)

@@ -59,6 +59,7 @@ class Gswarm(Policy):
         self.reserved: dict[int, tuple[int, set[int]]] = {}  # node -> (model, idle GPUs kept for it)
         self.ready_at = [0.0] * w.steps
         self._wake = INF
+        self._evicting: dict[int, tuple[float | None, float, float]] = {}  # see `_evict_cost`
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
 
@@ -108,31 +109,53 @@ class Gswarm(Policy):
         The last copy of a model is needed again with the chance that one of its steps arrives while `g` is tied
         up with `m` (from its recent step rate); a model with other copies only when they would be busy (its recent
         demand in busy GPUs over the copies left)."""
-        c = self.c
-        old = c.model_on(g)
-        res = c.residency
-        if old is None or old == m or (not res.one_model and res.used[g] + res.share[m] <= res.memory[g]):
+        res = self.c.residency
+        held = res.held[g]
+        if not held:
             return 0.0
+        old = next(reversed(held))  # the model `g` used last
+        if old == m or (not res.one_model and res.used[g] + res.share[m] <= res.memory[g]):
+            return 0.0
+        # What does not depend on `m` is worked out once per GPU while nothing changes (`_cold` resets it).
+        known = self._evicting.get(g)
+        if known is None:
+            known = self._evicting[g] = self._evict_terms(g, old, now)
+        cost, reload, rate = known
+        if cost is not None:
+            return cost
+        c = self.c
+        busy_for = reload + self._load(m, (g,), now) + self.backlog[m] / max(1, len(c.holders(m)) + 1)
+        need = 1.0 - math.exp(-rate * busy_for)
+        return need * reload
+
+    def _evict_terms(self, g: int, old: int, now: float) -> tuple[float | None, float, float]:
+        """(the cost of evicting `old` from `g` when it does not depend on the newcomer, else None; the reload's
+        seconds; the last copy's step rate now)."""
         if self.queues[old]:
-            return INF  # it has queued work of its own: taking it is a switch, weighed in `_switch`
+            return INF, 0.0, 0.0  # it has queued work of its own: taking it is a switch, weighed in `_switch`
+        c = self.c
         node = c.node_of[g]
         reload = c.fleet.load_seconds(self.w.models[old], c.tiers.tier(old, node, now), node)
         left = len(c.holders(old)) - self.w.models[old].gpus_required
         decay = self._decay(old, now)
         if left <= 0:
-            busy_for = reload + self._load(m, (g,), now) + self.backlog[m] / max(1, len(c.holders(m)) + 1)
-            need = 1.0 - math.exp(-self.steps_rate[old] * decay * busy_for)
-        else:
-            need = min(1.0, self.rate[old] * decay / left)
-        return need * reload
+            return None, reload, self.steps_rate[old] * decay
+        return min(1.0, self.rate[old] * decay / left) * reload, reload, 0.0
 
-    def _best_gpus(self, m: int, now: float, free: set[int]) -> tuple[float, float, Group] | None:
-        """The cheapest GPUs in `free` for `m` on one node: (load seconds, eviction cost, GPUs)."""
-        c, k = self.c, self.w.models[m].gpus_required
+    def _best_gpus(self, m: int, now: float, free_on: list[list[int]]) -> tuple[float, float, Group] | None:
+        """The cheapest free GPUs (`free_on`: per node) for `m` on one node: (load seconds, eviction cost, GPUs)."""
+        k = self.w.models[m].gpus_required
         best: tuple[float, float, Group] | None = None
-        for node_gpus in c.eligible[m]:
-            cand = sorted((self._evict_cost(g, m, now), g) for g in node_gpus if g in free)
-            if len(cand) < k or cand[k - 1][0] == INF:
+        for node, eligible in enumerate(self.c.eligible_sets[m]):
+            # the free GPUs (few, on a busy fleet) are walked, not every GPU of the node
+            cand = [(self._evict_cost(g, m, now), g) for g in free_on[node] if g in eligible]
+            if len(cand) < k:
+                continue
+            if k == 1:
+                cand = [min(cand)]
+            else:
+                cand.sort()
+            if cand[k - 1][0] == INF:
                 continue
             gpus = tuple(sorted(g for _, g in cand[:k]))
             load, evict = self._load(m, gpus, now), sum(x for x, _ in cand[:k])
@@ -140,10 +163,24 @@ class Gswarm(Policy):
                 best = (load, evict, gpus)
         return best
 
-    def wait(self, m: int, now: float) -> float:
-        """How long `m`'s queued steps wait as things stand: the drain time on the GPUs holding it, or with none,
-        how long its oldest step has waited plus the queue's work done on one new replica."""
-        d = self.drain(m, now)
+    def _least_load(self, m: int, now: float, free_on: list[list[int]]) -> float:
+        """A lower bound of the load `_best_gpus` could find for `m` on the free GPUs (inf if none can take it)."""
+        c, k = self.c, self.w.models[m].gpus_required
+        least = INF
+        holders = c.holders(m)
+        for node, eligible in enumerate(self.c.eligible_sets[m]):
+            free = [g for g in free_on[node] if g in eligible]
+            if len(free) < k:
+                continue
+            if any(g in holders for g in free):
+                return 0.0  # perhaps warm
+            least = min(least, c.fleet.load_seconds(self.w.models[m], c.tiers.tier(m, node, now), node))
+        return least
+
+    def wait(self, m: int, now: float, drain: float | None = None) -> float:
+        """How long `m`'s queued steps wait as things stand: the drain time on the GPUs holding it (`drain`, when the
+        caller has it), or with none, how long its oldest step has waited plus the queue's work on one new replica."""
+        d = self.drain(m, now) if drain is None else drain
         if d < INF:
             return d
         head = self.queues[m][0][2]
@@ -178,9 +215,9 @@ class Gswarm(Policy):
         held = self.reserved.get(self.c.node_of[g])
         return held is not None and g in held[1]
 
-    def _want(self, m: int, now: float, load: float, evict: float) -> float:
+    def _want(self, m: int, now: float, load: float, evict: float, drain: float | None = None) -> float:
         """How much longer `m`'s queue waits than a load here (plus patience and eviction) would cost."""
-        return self.wait(m, now) - load * (1.0 + self.patience) - evict
+        return self.wait(m, now, drain) - load * (1.0 + self.patience) - evict
 
     def _switch(self, m: int, grp: Group, now: float) -> int | None:
         """A starving model these warm GPUs should go to instead of `m`'s next step, if any.
@@ -193,7 +230,7 @@ class Gswarm(Policy):
         best: tuple[float, int] | None = None
         for x, q in enumerate(self.queues):
             k = self.w.models[x].gpus_required
-            if x == m or not q or c.holders(x) or k < len(grp) or grp[0] not in c.eligible[x][node]:
+            if x == m or not q or c.holders(x) or k < len(grp) or grp[0] not in c.eligible_sets[x][node]:
                 continue
             if k > len(grp) and (node in self.reserved or len(c.eligible[x][node]) < k):
                 continue
@@ -230,7 +267,7 @@ class Gswarm(Policy):
                 continue
             k = self.w.models[m].gpus_required
             for g in sorted(c.idle):
-                if len(held) < k and c.node_of[g] == node and g in c.eligible[m][node]:
+                if len(held) < k and c.node_of[g] == node and g in c.eligible_sets[m][node]:
                     held.add(g)
             held &= c.idle
             if len(held) >= k:
@@ -241,21 +278,28 @@ class Gswarm(Policy):
         """Idle GPUs left over load the model whose queue drains slowest, when that beats waiting for a warm GPU."""
         c, skip = self.c, set()
         while True:
+            self._evicting = {}
             free = {g for g in c.idle if not self._is_reserved(g)}
             if not free:
                 return
+            free_on: list[list[int]] = [[] for _ in c.node_gpus]
+            for g in free:
+                free_on[c.node_of[g]].append(g)
             best: tuple[float, int, Group | None] | None = None
             for m, q in enumerate(self.queues):
                 if not q or m in skip:
                     continue
-                pick = self._best_gpus(m, now, free)
+                drain = self.drain(m, now)  # nothing changes within one pass: each model's drain is taken once
+                if drain < INF and self._want(m, now, self._least_load(m, now, free_on), 0.0, drain) <= 0:
+                    continue  # no load here can be worth it (evictions only add): skip pricing them
+                pick = self._best_gpus(m, now, free_on)
                 if pick is not None:
-                    want, gpus = self._want(m, now, pick[0], pick[1]), pick[2]
-                    if want <= 0 and self.drain(m, now) == INF:
+                    want, gpus = self._want(m, now, pick[0], pick[1], drain), pick[2]
+                    if want <= 0 and drain == INF:
                         # nothing running will free a GPU for it: ask again when its wait outgrows the load
                         self._wake = min(self._wake, now - want + 1e-9)
-                elif self.w.models[m].gpus_required > 1 and self.drain(m, now) == INF:
-                    want, gpus = self._want(m, now, 0.0, 0.0), None  # too few free: reserve what there is
+                elif self.w.models[m].gpus_required > 1 and drain == INF:
+                    want, gpus = self._want(m, now, 0.0, 0.0, drain), None  # too few free: reserve what there is
                 else:
                     continue
                 if want > 0 and (best is None or want > best[0]):

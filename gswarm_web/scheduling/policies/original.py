@@ -98,7 +98,7 @@ class OnlineCost(Policy):
                 continue
             best: tuple[float, int, Group | None] | None = None
             for m, q in self.queues.items():
-                if not q or g not in c.eligible[m][c.node_of[g]]:
+                if not q or g not in c.eligible_sets[m][c.node_of[g]]:
                     continue
                 since, s = q[0]
                 gpus = self._group_with(m, g)

@@ -13,6 +13,7 @@ ORDER = (
     "data-pipeline-chaining",
     "model-deployment-with-data",
     "multi-stage-pipeline",
+    "serve-with-config",
 )
 
 

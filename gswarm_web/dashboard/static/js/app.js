@@ -1,6 +1,7 @@
 // The dashboard's shell: sign-in with a token (kept for this browser session), who am I, navigation, routing.
 
 import { ApiError, get, token } from "./api.js";
+import { closeEvents } from "./events.js";
 import { errorBox, fill, h, session } from "./ui.js";
 import * as fleet from "./pages/fleet.js";
 import * as models from "./pages/models.js";
@@ -14,7 +15,7 @@ const PAGES = { fleet, models, workflows, queue, profiler, scheduling, data };
 const main = document.getElementById("main");
 const nav = document.getElementById("nav");
 const who = document.getElementById("who");
-let current = null; // AbortController of the page on screen: its polling stops when another is shown
+let current = null; // AbortController of the page on screen: its loaders stop when another is shown
 
 function parseRoute() {
   const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
@@ -30,6 +31,7 @@ function renderNav(active) {
 }
 
 function signOut() {
+  closeEvents();
   token.clear();
   sessionStorage.removeItem(ME);
   session.me = null;
@@ -109,6 +111,7 @@ async function route() {
 window.addEventListener("hashchange", route);
 window.addEventListener("gswarm:unauthorized", () => {
   if (!session.me) return;
+  closeEvents();
   token.clear();
   sessionStorage.removeItem(ME);
   session.me = null;

@@ -1,13 +1,14 @@
 // Data: chunks with their locations and references.
 
 import { get } from "../api.js";
-import { add, badge, fill, fmtBytes, h, json, poll, table } from "../ui.js";
+import { live } from "../events.js";
+import { add, badge, fill, fmtBytes, h, json, table } from "../ui.js";
 
 export async function render(root, _args, signal) {
   const list = h("div", { id: "chunks" });
   const note = h("p", { class: "muted small" });
   add(root, h("h1", null, "Data"), note, list);
-  poll(async () => {
+  live(async () => {
     const body = await get("/data?per_page=200", { signal });
     note.textContent = `${body.total} chunk(s)${body.total > body.chunks.length ? `, the first ${body.chunks.length} shown` : ""}`;
     fill(list, table(
@@ -24,5 +25,5 @@ export async function render(root, _args, signal) {
       body.chunks,
       { rowAttrs: (c) => ({ "data-chunk": c.chunk_id }), empty: "no chunk" },
     ));
-  }, 3000, signal);
+  }, { types: ["task", "step"], ms: 3000 }, signal); // chunks change through operations and steps
 }

@@ -1,7 +1,10 @@
 // Fleet: every node (status, heartbeat, CPU, DRAM, disk, models in DRAM) and every GPU as a tile (utilisation,
 // memory used / total and what gswarm's replicas hold, a sparkline, models on it), updated from the live frames.
-// The DOM is built once per node and GPU and updated in place, so 200 nodes x 8 GPUs keep up with 1 s frames.
+// The DOM is built once per node and GPU and updated in place, so 1,000 nodes x 8 GPUs keep up with 1 s frames:
+// the first draw builds every card but the GPU tiles of the first screenful only; the other cards get theirs a slice
+// at a time after that paint, or at once when they scroll into view.
 
+import { live } from "../events.js";
 import { all } from "../api.js";
 import { history, latest, gpuKey } from "../frames.js";
 import { add, fill, fmtAge, fmtBytes, fmtPct, h, poll, showError } from "../ui.js";
@@ -10,6 +13,8 @@ const FRAME_MS = 1000;
 const NODES_MS = 3000;
 const MODELS_MS = 10000;
 const SPARK = 60; // points in a sparkline
+const EAGER = 24; // cards whose GPU tiles the first draw builds (more than a screenful)
+const SLICE_MS = 8; // time given to building the other cards' tiles per task, so the page keeps answering
 
 export async function render(root, _args, signal) {
   const started = performance.now();
@@ -23,12 +28,27 @@ export async function render(root, _args, signal) {
   const visible = new Set();
   const io = new IntersectionObserver((entries) => {
     for (const e of entries) {
-      if (e.isIntersecting) visible.add(e.target.dataset.node);
-      else visible.delete(e.target.dataset.node);
+      const name = e.target.dataset.node;
+      if (!e.isIntersecting) { visible.delete(name); continue; }
+      visible.add(name);
+      const card = cards.get(name);
+      if (card && !card.filled) updateNode(card, state.byName.get(name) || null, state.frames[name], Date.now() / 1000);
     }
   }, { rootMargin: "300px" });
   signal.addEventListener("abort", () => io.disconnect());
-  const state = { nodes: null, nodesAt: 0, frames: {}, placed: new Map(), held: new Map() };
+  const state = { nodes: null, nodesAt: 0, frames: {}, placed: new Map(), held: new Map(), byName: new Map() };
+  const unfilled = []; // cards still without their GPU tiles, in page order
+
+  function fillSome() {
+    const until = performance.now() + SLICE_MS;
+    const now = Date.now() / 1000;
+    while (unfilled.length && performance.now() < until) {
+      const name = unfilled.shift();
+      const card = cards.get(name);
+      if (card && !card.filled) updateNode(card, state.byName.get(name) || null, state.frames[name], now);
+    }
+    if (unfilled.length && !signal.aborted) setTimeout(fillSome, 0);
+  }
 
   async function loadNodes() {
     state.nodes = await all("/nodes", "nodes", { signal });
@@ -61,16 +81,15 @@ export async function render(root, _args, signal) {
   }
 
   // The frames alone (one call) draw every node with GPUs and its tiles; the node table (status, heartbeat, disk)
-  // and where models are fill in as they arrive, so the first paint waits for the fastest answer only.
-  let drawn = false;
+  // and where models are are asked for once that answer is in, and fill in as they arrive: the first paint waits for
+  // one answer only, which no heavier one (a whole fleet's node table) holds up on the server.
   const thenDraw = (p) => p.then(
-    () => { if (drawn && !signal.aborted) draw(); },
+    () => { if (!signal.aborted) draw(); },
     (err) => { if (!signal.aborted) showError(err); },
   );
+  state.frames = (await latest(signal)).nodes;
   thenDraw(loadNodes());
   thenDraw(loadPlacement());
-  state.frames = (await latest(signal)).nodes;
-  drawn = true;
   const t0 = performance.now();
   draw();
   root.dataset.firstDrawMs = (performance.now() - t0).toFixed(1);
@@ -90,8 +109,9 @@ export async function render(root, _args, signal) {
     root.dataset.updateMs = ms.toFixed(1);
     root.dataset.updates = String(Number(root.dataset.updates || 0) + 1);
   }, FRAME_MS, signal);
-  setTimeout(() => poll(loadNodes, NODES_MS, signal), NODES_MS);
-  setTimeout(() => poll(loadPlacement, MODELS_MS, signal), MODELS_MS);
+  // GPU tiles are the frames' samples, polled above; the node table and where models are follow the changes.
+  setTimeout(() => live(async () => { await loadNodes(); draw(); }, { types: ["node"], ms: NODES_MS }, signal), NODES_MS);
+  setTimeout(() => live(async () => { await loadPlacement(); draw(); }, { types: ["task", "step", "service", "replica"], ms: MODELS_MS }, signal), MODELS_MS);
 
   function draw() {
     const now = Date.now() / 1000;
@@ -102,23 +122,26 @@ export async function render(root, _args, signal) {
     let memTotal = 0;
     const counts = {};
     const byName = new Map((state.nodes || []).map((n) => [n.name, n]));
+    state.byName = byName;
     // until the node table has come, the nodes that sent frames
     const names = new Set(state.nodes ? byName.keys() : Object.keys(state.frames));
     let added = false;
+    const fresh = [];
     for (const name of names) {
       const node = byName.get(name) || null;
       const st = node ? node.status : "unknown";
       counts[st] = (counts[st] || 0) + 1;
       let card = cards.get(name);
-      const fresh = !card;
-      if (fresh) {
+      if (!card) {
         card = nodeCard(name);
         cards.set(name, card);
         io.observe(card.el);
         added = true;
+        fresh.push(name);
       }
       const frame = state.frames[name];
-      if (fresh || visible.has(name)) updateNode(card, node, frame, now);
+      if (visible.has(name)) updateNode(card, node, frame, now);
+      else if (!card.filled) updateHead(card, node, frame);
       for (const g of frame ? frame.gpus || [] : []) {
         gpus++;
         if (g.utilization_percent !== undefined) { utilSum += g.utilization_percent; utilN++; }
@@ -127,8 +150,20 @@ export async function render(root, _args, signal) {
       }
     }
     if (added) { // keep the cards in name order (appending moves them)
-      const sorted = [...cards.keys()].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+      const byPage = (a, b) => a.localeCompare(b, undefined, { numeric: true });
+      const sorted = [...cards.keys()].sort(byPage);
       list.append(...sorted.map((n) => cards.get(n).el));
+      // the first cards on the page get their tiles now, the others after this paint
+      fresh.sort(byPage);
+      let eager = EAGER - [...cards.values()].filter((c) => c.filled).length;
+      const start = !unfilled.length;
+      for (const name of fresh) {
+        const card = cards.get(name);
+        if (card.filled) continue;
+        if (eager-- > 0) updateNode(card, byName.get(name) || null, state.frames[name], now);
+        else unfilled.push(name);
+      }
+      if (start && unfilled.length) setTimeout(fillSome, 0);
     }
     for (const [name, card] of cards) {
       if (!names.has(name)) {
@@ -147,7 +182,8 @@ export async function render(root, _args, signal) {
     status.textContent = names.size || !state.nodes ? "" : "No node has registered yet: start one with `gswarm client connect`.";
   }
 
-  function updateNode(card, node, frame, now) {
+  // The head of a card (status, heartbeat, CPU, DRAM, disk), without its GPU tiles.
+  function updateHead(card, node, frame) {
     const st = node ? node.status : "unknown";
     if (card.last.status !== st) {
       card.last.status = st;
@@ -156,7 +192,8 @@ export async function render(root, _args, signal) {
       card.el.dataset.status = st;
     }
     const n = node || {};
-    const age = node ? node.seconds_since_seen + (performance.now() - state.nodesAt) / 1000 : null;
+    // a node config.yaml declares that has not joined (`missing`) has never been seen
+    const age = node && node.seconds_since_seen != null ? node.seconds_since_seen + (performance.now() - state.nodesAt) / 1000 : null;
     card.seen.textContent = `heartbeat ${fmtAge(age)}`;
     const host = (frame && frame.host) || {};
     card.cpu.textContent = `CPU ${fmtPct(host.cpu_percent ?? n.cpu_percent)} of ${n.cpu_count ?? "?"} cores`;
@@ -166,6 +203,12 @@ export async function render(root, _args, signal) {
     card.disk.textContent = disk ? `disk ${fmtBytes(disk.used_bytes)} / ${fmtBytes(disk.total_bytes)}` : "disk —";
     const inDram = [...(state.placed.get(`${card.el.dataset.node}:dram`) || [])];
     card.dramModels.textContent = inDram.length ? `in DRAM: ${inDram.join(", ")}` : "";
+  }
+
+  function updateNode(card, node, frame, now) {
+    updateHead(card, node, frame);
+    card.filled = true;
+    const n = node || {};
     // GPUs: what the heartbeat lists, with the frame's readings on top
     const rows = new Map((n.gpus || []).map((g) => [g.index, { ...g }]));
     for (const g of frame ? frame.gpus || [] : []) rows.set(g.index, { ...(rows.get(g.index) || {}), ...g });
@@ -232,6 +275,7 @@ function nodeCard(name) {
   const [head, gpus, noGpu] = el.children;
   const [nameEl, status, seen, cpu, dram, disk, dramModels] = head.children;
   nameEl.textContent = name;
+  noGpu.hidden = true; // until its GPUs are drawn
   return { el, status, seen, cpu, dram, disk, dramModels, gpus, noGpu, tiles: new Map(), last: {} };
 }
 

@@ -2,9 +2,10 @@
 // actions (download, copy, move, serve with `auto`, scale, stop) with the placement decision shown before they
 // run, and operations with their progress.
 
+import { live } from "../events.js";
 import { all, del, get, patch, post } from "../api.js";
 import {
-  add, badge, bar, canWrite, errorBox, fill, fmtBytes, fmtTime, h, poll, readButton, table, writeButton,
+  add, badge, bar, canWrite, errorBox, fill, fmtBytes, fmtTime, h, readButton, table, writeButton,
 } from "../ui.js";
 
 export async function render(root, _args, signal) {
@@ -24,7 +25,7 @@ export async function render(root, _args, signal) {
     h("h2", null, "Operations"), ops,
   );
 
-  poll(async () => {
+  live(async () => {
     const [models, nodes] = await Promise.all([all("/models", "models", { signal }), all("/nodes", "nodes", { signal })]);
     state.models = models;
     state.nodes = nodes;
@@ -43,9 +44,9 @@ export async function render(root, _args, signal) {
     ));
     fill(matrix, placementMatrix(models, nodes));
     if (actions) actions.refresh();
-  }, 3000, signal);
+  }, { types: ["model", "task", "step", "service", "replica", "node"], ms: 3000 }, signal);
 
-  poll(async () => {
+  live(async () => {
     const list = await all("/services", "services", { signal });
     const gateway = `${location.origin}/v1`;
     fill(services, table(
@@ -62,13 +63,13 @@ export async function render(root, _args, signal) {
       list,
       { rowAttrs: (s) => ({ "data-service": s.id }), empty: "no service" },
     ));
-  }, 3000, signal);
+  }, { types: ["service", "replica"], ms: 3000 }, signal);
 
-  poll(async () => {
+  live(async () => {
     const body = await get("/queue/tasks?per_page=100", { signal });
     const rows = body.tasks.filter((t) => t.model_name || t.service_id).slice(0, 30);
     fill(ops, operationsTable(rows));
-  }, 2000, signal);
+  }, { types: ["task"], ms: 2000 }, signal);
 }
 
 function registerForm() {

@@ -1,6 +1,7 @@
 // Profiler: sessions (start, stop, plot, export) and a live GPU timeline of the last minutes, with the workflow
 // steps that ran on each GPU drawn as spans on the same time axis.
 
+import { live } from "../events.js";
 import { download, get, post } from "../api.js";
 import { gpuTimeline } from "../charts.js";
 import { history, latest } from "../frames.js";
@@ -24,7 +25,7 @@ export async function render(root, _args, signal) {
     timeline,
   );
 
-  poll(async () => {
+  live(async () => {
     const list = await get("/profiler/sessions", { signal });
     fill(sessions, table(
       [
@@ -43,7 +44,7 @@ export async function render(root, _args, signal) {
       list,
       { rowAttrs: (x) => ({ "data-session": x.name, "data-status": x.status }), empty: "no session yet" },
     ));
-  }, 3000, signal);
+  }, { types: ["profiler_session"], ms: 3000 }, signal);
 
   let spans = [];
   poll(async () => { spans = await stepSpans(Number(minutes.value) * 60, signal); }, 3000, signal);

@@ -1,7 +1,8 @@
 // Queue: counts per node and priority, running and waiting tasks with progress (cancel), and the recent history.
 
 import { get, post } from "../api.js";
-import { add, badge, fill, fmtDuration, fmtTime, h, poll, table, writeButton } from "../ui.js";
+import { live } from "../events.js";
+import { add, badge, fill, fmtDuration, fmtTime, h, table, writeButton } from "../ui.js";
 import { progress } from "./models.js";
 
 const BUCKETS = ["pending", "running", "completed", "failed"];
@@ -13,7 +14,7 @@ export async function render(root, _args, signal) {
   const history = h("div", { id: "queue-history" });
   add(root, h("h1", null, "Queue"), counts, h("h2", null, "Running"), running, h("h2", null, "Waiting"), waiting,
     h("h2", null, "Recently finished"), history);
-  poll(async () => {
+  live(async () => {
     const [q, run, wait, hist] = await Promise.all([
       get("/queue", { signal }),
       get("/queue/tasks?status=running&per_page=100", { signal }),
@@ -35,7 +36,7 @@ export async function render(root, _args, signal) {
     fill(running, tasks(run.tasks, true));
     fill(waiting, tasks(wait.tasks, true));
     fill(history, tasks(hist.tasks, false));
-  }, 2000, signal);
+  }, { types: ["task", "step"], ms: 2000 }, signal);
 }
 
 function tasks(rows, live) {

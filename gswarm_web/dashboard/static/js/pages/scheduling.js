@@ -2,7 +2,8 @@
 
 import { get, post } from "../api.js";
 import { gantt, legend } from "../charts.js";
-import { add, canWrite, errorBox, fill, fmtBytes, h, json, poll, table, writeButton } from "../ui.js";
+import { live } from "../events.js";
+import { add, canWrite, errorBox, fill, fmtBytes, h, json, table, writeButton } from "../ui.js";
 
 // A small example (the scheduler's own test config): two workflows, three models, two requests.
 const EXAMPLE_CONFIG = {
@@ -28,7 +29,7 @@ const POLICIES = ["gswarm", "fifo", "round_robin", "offline", "online"];
 export async function render(root, _args, signal) {
   const fleetBox = h("div", { id: "scheduling-fleet" });
   add(root, h("h1", null, "Scheduling"), canWrite() ? simulator() : null, h("h2", null, "The fleet as the scheduler sees it"), fleetBox);
-  poll(async () => {
+  live(async () => {
     const f = await get("/scheduling/fleet", { signal });
     fill(fleetBox,
       h("p", { class: "muted small" }, `${f.gpus} GPU(s), ${fmtBytes(f.gpu_memory_free_bytes)} GPU memory free`),
@@ -44,7 +45,7 @@ export async function render(root, _args, signal) {
         { rowAttrs: (n) => ({ "data-node": n.name }), empty: "no node" },
       ),
       h("h2", null, "Models where the scheduler knows them"), json(f.models));
-  }, 5000, signal);
+  }, { types: ["node", "service", "replica", "task", "step"], ms: 5000 }, signal);
 }
 
 function simulator() {

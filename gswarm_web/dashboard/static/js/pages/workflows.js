@@ -2,8 +2,9 @@
 // action and field they name, and one workflow as its DAG coloured by step status with the step table, live.
 
 import { ApiError, api, get, post } from "../api.js";
+import { live } from "../events.js";
 import {
-  add, badge, canWrite, errorBox, fill, fmtDuration, fmtTime, h, json, poll, s, table, writeButton,
+  add, badge, canWrite, errorBox, fill, fmtDuration, fmtTime, h, json, s, table, writeButton,
 } from "../ui.js";
 
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
@@ -14,7 +15,7 @@ export async function render(root, args, signal) {
   if (canWrite()) add(root, await submitPanel());
   const listBox = h("div", { id: "workflow-list" });
   add(root, h("h2", null, "Recent"), listBox);
-  poll(async () => {
+  live(async () => {
     const body = await get("/workflows?per_page=50", { signal });
     fill(listBox,
       table(
@@ -31,7 +32,7 @@ export async function render(root, args, signal) {
       ),
       body.total > body.workflows.length ? h("p", { class: "muted small" }, `newest 50 of ${body.total}`) : null,
     );
-  }, 2000, signal);
+  }, { types: ["workflow", "step"], ms: 2000 }, signal);
 }
 
 async function submitPanel() {
@@ -145,7 +146,7 @@ async function renderOne(root, id, signal) {
   let selected = null;
   const stop = new AbortController();
   signal.addEventListener("abort", () => stop.abort());
-  poll(async () => {
+  live(async () => {
     const wf = await get(`/workflows/${encodeURIComponent(id)}`, { signal });
     root.dataset.status = wf.status;
     fill(head,
@@ -161,7 +162,7 @@ async function renderOne(root, id, signal) {
     fill(steps, stepTable(wf.steps));
     highlight();
     if (TERMINAL.has(wf.status)) stop.abort();
-  }, 1000, stop.signal);
+  }, { types: ["step", "workflow"], match: (ev) => ev.workflow_id === id || ev.id === id, ms: 1000 }, stop.signal);
 
   function highlight() {
     for (const tr of steps.querySelectorAll("tr[data-step]")) tr.classList.toggle("sel", tr.dataset.step === selected);

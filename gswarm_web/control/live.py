@@ -1,0 +1,218 @@
+"""The gateway's live counts, shared by every web process in Redis: requests in flight per replica and requests
+waiting per service (least_requests routes on them, the autoscaler scales on them), the replicas being drained, and
+a version that changes whenever a replica starts or stops serving.
+
+A pick is one Lua script, so it is atomic across processes: among the candidates it skips draining replicas (and
+those at the service's `max_in_flight`), takes the one with the fewest requests in flight in the whole gateway
+(ties in turn, by a shared counter), counts the request and answers the replicas' version. Each web process also
+keeps its own share under a key of its own while a lease it renews lives: the share of a process that died
+(gunicorn's timeout, SIGKILL) is taken back by `heal`, so a count cannot leak.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import redis
+from sqlalchemy import event, inspect
+from sqlalchemy.orm import Session
+
+from gswarm_tasks import names
+
+from ..extensions import redis_client
+from ..tables import Replica
+from .serve_stats import DONE
+
+log = logging.getLogger(__name__)
+
+LEASE_S = 15.0
+RENEW_EVERY_S = 5.0
+CHANGED = "gswarm_serve_changed"  # session.info key: a replica started or stopped serving in this transaction
+
+PICK = """
+local n = #ARGV - 4
+local version = redis.call('get', KEYS[3]) or '0'
+if n <= 0 then return {false, version} end
+local turn = redis.call('hincrby', KEYS[5], ARGV[1], 1)
+local cap = tonumber(ARGV[3])
+local best, fewest = false, nil
+for i = 0, n - 1 do
+  local r = ARGV[5 + ((turn + i) % n)]
+  if redis.call('sismember', KEYS[2], r) == 0 then
+    local c = tonumber(redis.call('hget', KEYS[1], 'r:' .. r) or '0')
+    if (cap == 0 or c < cap) and (fewest == nil or c < fewest) then
+      best, fewest = r, c
+      if ARGV[2] == 'round_robin' then break end
+    end
+  end
+end
+if best then
+  redis.call('hincrby', KEYS[1], 'r:' .. best, 1)
+  redis.call('hincrby', KEYS[4], 'r:' .. best, 1)
+  redis.call('sadd', KEYS[6], ARGV[4])
+end
+return {best, version}
+"""
+
+HEAL = """
+local gone = 0
+for _, p in ipairs(redis.call('smembers', KEYS[1])) do
+  if redis.call('exists', ARGV[2] .. p) == 0 then
+    local h = ARGV[1] .. p
+    local kv = redis.call('hgetall', h)
+    for i = 1, #kv, 2 do
+      local v = tonumber(kv[i + 1])
+      if v ~= 0 then redis.call('hincrby', KEYS[2], kv[i], -v) end
+    end
+    redis.call('del', h)
+    redis.call('srem', KEYS[1], p)
+    gone = gone + 1
+  end
+end
+return gone
+"""
+
+
+class Share:
+    """This web process's part of the live counts: its id, its lease, and the scripts it runs."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.pid = os.getpid()
+        self.id = f"{socket.gethostname()}-{self.pid}-{uuid.uuid4().hex[:8]}"
+        self.key = names.SERVE_PROC_PREFIX + self.id
+        self.pick_script: Any = client.register_script(PICK)
+        self.done_script: Any = client.register_script(DONE)
+        self.renewing = False
+        self.lock = threading.Lock()
+
+    def renew(self) -> None:
+        """Keep the lease alive while the process lives (a thread of its own, started at the first pick)."""
+        with self.lock:
+            if self.renewing:
+                return
+            self.renewing = True
+        threading.Thread(target=self._renew, name="gswarm-serve-lease", daemon=True).start()
+
+    def _renew(self) -> None:
+        while True:
+            try:
+                self.client.set(names.SERVE_LEASE_PREFIX + self.id, "1", px=int(LEASE_S * 1000))
+            except redis.RedisError as exc:
+                log.debug("lease renewal failed: %s", exc)
+            time.sleep(RENEW_EVERY_S)
+
+    def pick(self, model: str, policy: str, cap: int, candidates: list[str]) -> tuple[str | None, str]:
+        """The chosen replica (counted in flight) or None, and the replicas' version."""
+        self.renew()
+        keys = [names.SERVE_LIVE_KEY, names.SERVE_DRAINING_KEY, names.SERVE_VERSION_KEY, self.key,
+                names.SERVE_TURNS_KEY, names.SERVE_PROCS_KEY]  # fmt: skip
+        best, version = self.pick_script(keys=keys, args=[model, policy, cap, self.id, *candidates])
+        chosen = best.decode() if isinstance(best, bytes) else None
+        return chosen, version.decode() if isinstance(version, bytes) else str(version)
+
+    def add(self, pipe: Any, field: str, n: int) -> None:
+        """Count `n` more (or fewer) under `field` (`r:<replica>`, `w:<service>`), in the total and this share."""
+        pipe.hincrby(names.SERVE_LIVE_KEY, field, n)
+        pipe.hincrby(self.key, field, n)
+        if n > 0:
+            pipe.sadd(names.SERVE_PROCS_KEY, self.id)
+
+    def waiting(self, service_id: str, n: int) -> None:
+        """A request starts (1) or stops (-1) waiting for a replica of `service_id`."""
+        self.renew()
+        try:
+            pipe = self.client.pipeline(transaction=True)
+            self.add(pipe, f"w:{service_id}", n)
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.debug("waiting count not kept: %s", exc)
+
+
+_shares: dict[int, Share] = {}
+_lock = threading.Lock()
+
+
+def share(client: redis.Redis) -> Share:
+    """This process's share (a new one after a fork: a child is a process of its own)."""
+    with _lock:
+        found = _shares.get(os.getpid())
+        if found is None:
+            found = _shares[os.getpid()] = Share(client)
+        return found
+
+
+def heal(client: redis.Redis) -> int:
+    """Take back the counts of web processes whose lease expired; how many there were."""
+    return int(
+        client.eval(
+            HEAL, 2, names.SERVE_PROCS_KEY, names.SERVE_LIVE_KEY, names.SERVE_PROC_PREFIX, names.SERVE_LEASE_PREFIX
+        )  # fmt: skip
+    )
+
+
+def counts(client: redis.Redis, replicas: list[str], services: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+    """(requests in flight per replica, requests waiting per service), over every web process."""
+    fields = [f"r:{r}" for r in replicas] + [f"w:{s}" for s in services]
+    if not fields:
+        return {}, {}
+    values = client.hmget(names.SERVE_LIVE_KEY, fields)
+    got = [max(0, int(v or 0)) for v in values]
+    return dict(zip(replicas, got[: len(replicas)], strict=True)), dict(
+        zip(services, got[len(replicas) :], strict=True)
+    )
+
+
+def drain(client: redis.Redis, replica_ids: list[str]) -> None:
+    """These replicas take no new request from now on (every web process's next pick skips them)."""
+    if replica_ids:
+        pipe = client.pipeline(transaction=True)
+        pipe.sadd(names.SERVE_DRAINING_KEY, *replica_ids)
+        pipe.incr(names.SERVE_VERSION_KEY)
+        pipe.execute()
+
+
+def forget(client: redis.Redis, replica_ids: list[str]) -> None:
+    """Replicas that stopped: no longer draining, their (zero) counts dropped."""
+    if replica_ids:
+        pipe = client.pipeline(transaction=True)
+        pipe.srem(names.SERVE_DRAINING_KEY, *replica_ids)
+        pipe.hdel(names.SERVE_LIVE_KEY, *[f"r:{r}" for r in replica_ids])
+        pipe.execute()
+
+
+# ---- the version: bumped after a commit that started or stopped a replica's serving ----------------------------
+
+
+def _after_flush(session: Session, _context: Any) -> None:
+    for obj in (*session.new, *session.dirty):
+        if isinstance(obj, Replica) and (obj in session.new or inspect(obj).attrs.status.history.has_changes()):
+            session.info[CHANGED] = True
+            return
+
+
+def _after_commit(session: Session) -> None:
+    if not session.info.pop(CHANGED, False):
+        return
+    try:
+        redis_client().incr(names.SERVE_VERSION_KEY)
+    except Exception as exc:  # the gateway re-reads the replicas every second anyway
+        log.debug("serving version not bumped: %s", exc)
+
+
+def _after_rollback(session: Session) -> None:
+    session.info.pop(CHANGED, None)
+
+
+def install() -> None:
+    """Bump the version after every commit that changed a replica's status (once per process)."""
+    if not event.contains(Session, "after_flush", _after_flush):
+        event.listen(Session, "after_flush", _after_flush)
+        event.listen(Session, "after_commit", _after_commit)
+        event.listen(Session, "after_rollback", _after_rollback)

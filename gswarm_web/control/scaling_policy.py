@@ -1,0 +1,149 @@
+"""An autoscaled service's policy and the autoscaler's decision, as pure functions of what it sampled.
+
+A service may set `min_replicas`, `max_replicas` and one target: `target_in_flight` (requests in flight per
+replica, counted over every web process, the requests waiting in the gateway's queue included) or
+`target_queue_wait_s` (the mean time requests waited in the gateway's queue for a replica). Replicas are added
+once every sample of the last `scale_up_delay_s` asked for more (to the fewest any of them asked for), and removed
+once every sample of the last `scale_down_delay_s` asked for fewer (to the most any of them asked for); a request
+waiting for a service at zero starts one at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gswarm_tasks.errors import InvalidRequest
+
+KEYS = ("min_replicas", "max_replicas", "target_in_flight", "target_queue_wait_s", "scale_up_delay_s",
+        "scale_down_delay_s")  # fmt: skip
+DEFAULT_TARGET_IN_FLIGHT = 4.0
+MOST_REPLICAS = 64
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a service asked of the autoscaler (defaults filled in)."""
+
+    min_replicas: int
+    max_replicas: int
+    target_in_flight: float | None
+    target_queue_wait_s: float | None
+    scale_up_delay_s: float
+    scale_down_delay_s: float
+
+    def doc(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The load of a service at one tick: requests in flight at its replicas, waiting in the queue, and the mean
+    queue wait of the requests that were served since the previous tick (None: none was)."""
+
+    at: float
+    in_flight: int
+    waiting: int
+    queue_wait_s: float | None = None
+
+
+def _number(doc: Mapping[str, Any], key: str, where: str, low: float, high: float, integer: bool = False) -> Any:
+    value = doc.get(key)
+    if value is None:
+        return None
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
+        what = "an integer" if integer else "a number"
+        raise InvalidRequest(f"{where}.{key}: {what} from {low:g} to {high:g}", {"field": f"{where}.{key}"})
+    return value
+
+
+def parse(doc: Any, up_delay_s: float, down_delay_s: float, where: str = "autoscaling") -> Policy:
+    """The policy of `doc` (422 naming the field for anything else), with the settings' delays by default."""
+    if not isinstance(doc, Mapping):
+        raise InvalidRequest(f"{where}: an object ({', '.join(KEYS)})", {"field": where})
+    unknown = sorted(set(doc) - set(KEYS))
+    if unknown:
+        raise InvalidRequest(f"{where}.{unknown[0]}: not one of {', '.join(KEYS)}", {"field": f"{where}.{unknown[0]}"})
+    low = _number(doc, "min_replicas", where, 0, MOST_REPLICAS, integer=True)
+    high = _number(doc, "max_replicas", where, 1, MOST_REPLICAS, integer=True)
+    low = 1 if low is None else low
+    high = max(low, 1) if high is None else high
+    if low > high:
+        field = f"{where}.min_replicas"
+        raise InvalidRequest(f"{field}: {low} is above max_replicas {high}", {"field": field})
+    in_flight = _number(doc, "target_in_flight", where, 0.01, 1e6)
+    wait = _number(doc, "target_queue_wait_s", where, 0.001, 3600)
+    if in_flight is not None and wait is not None:
+        raise InvalidRequest(
+            f"{where}.target_queue_wait_s: one target, target_in_flight or target_queue_wait_s",
+            {"field": f"{where}.target_queue_wait_s"},
+        )
+    up = _number(doc, "scale_up_delay_s", where, 0, 3600)
+    down = _number(doc, "scale_down_delay_s", where, 0, 86400)
+    return Policy(
+        low,
+        high,
+        float(in_flight) if in_flight is not None else (None if wait is not None else DEFAULT_TARGET_IN_FLIGHT),
+        float(wait) if wait is not None else None,
+        float(up_delay_s if up is None else up),
+        float(down_delay_s if down is None else down),
+    )
+
+
+def wanted(policy: Policy, current: int, s: Sample) -> int:
+    """The replica count one sample asks for, within the policy's bounds."""
+    if policy.target_in_flight is not None:
+        want = math.ceil((s.in_flight + s.waiting) / policy.target_in_flight - 1e-9)
+    elif s.queue_wait_s is not None and s.queue_wait_s > policy.target_queue_wait_s:  # type: ignore[operator]
+        want = max(current + 1, math.ceil(current * s.queue_wait_s / policy.target_queue_wait_s))  # type: ignore
+    elif s.waiting or (s.queue_wait_s or 0.0) > policy.target_queue_wait_s / 4:  # type: ignore[operator]
+        want = max(current, 1)  # close to the target: stay
+    elif current > 1:
+        want = current - 1
+    else:
+        want = 1 if s.in_flight else 0
+    if s.waiting and want < 1:
+        want = 1  # a request waits: never none
+    return max(policy.min_replicas, min(policy.max_replicas, want))
+
+
+def decide(policy: Policy, current: int, samples: Sequence[Sample], now: float) -> tuple[int, str] | None:
+    """(the new replica count, why), or None to stay. `samples` are oldest first, taken since the last change."""
+    if not samples:
+        return None
+    if current < policy.min_replicas or current > policy.max_replicas:
+        target = max(policy.min_replicas, min(policy.max_replicas, current))
+        return target, f"kept within min_replicas {policy.min_replicas} and max_replicas {policy.max_replicas}"
+    last = samples[-1]
+    if current == 0 and last.waiting:
+        return max(1, wanted(policy, current, last)), f"from zero: {last.waiting} request(s) waiting"
+    up = _window(samples, now, policy.scale_up_delay_s)
+    if up:
+        asks = [wanted(policy, current, s) for s in up]
+        if min(asks) > current:
+            return min(asks), f"load above target for {policy.scale_up_delay_s:g} s ({_load(policy, up)})"
+    down = _window(samples, now, policy.scale_down_delay_s)
+    if down:
+        asks = [wanted(policy, current, s) for s in down]
+        if max(asks) < current:
+            return max(asks), f"load below target for {policy.scale_down_delay_s:g} s ({_load(policy, down)})"
+    return None
+
+
+def _window(samples: Sequence[Sample], now: float, delay_s: float) -> list[Sample]:
+    """The samples of the last `delay_s`, when the history covers all of it (else none: too early to say)."""
+    if samples[0].at > now - delay_s + 1e-6 and delay_s > 0:
+        return []
+    return [s for s in samples if s.at >= now - delay_s - 1e-6] or [samples[-1]]
+
+
+def _load(policy: Policy, window: Sequence[Sample]) -> str:
+    if policy.target_in_flight is not None:
+        mean = sum(s.in_flight + s.waiting for s in window) / len(window)
+        return f"mean {mean:.1f} in flight or waiting, target {policy.target_in_flight:g} per replica"
+    waits = [s.queue_wait_s for s in window if s.queue_wait_s is not None]
+    mean_wait = sum(waits) / len(waits) if waits else 0.0
+    return f"mean queue wait {mean_wait:.3f} s, target {policy.target_queue_wait_s:g} s"

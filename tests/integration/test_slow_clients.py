@@ -1,0 +1,133 @@
+"""Slow or many clients cannot stall the control plane: with 64 idle sockets (and half of them sending a request
+that never ends) open to the API as `gswarm up` runs it, /api/v1/health and the gateway at /v1 still answer in
+under 2 s; nginx with the repository's config/nginx.conf in front does the same and drops a client that does not
+finish its headers within client_header_timeout."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from gswarm_web.cli.up import control_plane_specs, free_port
+from tests.integration.fleet import Fleet, running_fleet
+from tests.integration.procs import ROOT, Proc, wait_for
+
+pytestmark = pytest.mark.serial  # see pyproject.toml: runs alone after the parallel part
+
+IDLE = 64
+LIMIT_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    with running_fleet(tmp_path_factory.mktemp("slow-clients"), redis_db=3, nodes=()) as f:
+        yield f
+
+
+@pytest.fixture(scope="module")
+def api(fleet: Fleet) -> Iterator[str]:
+    """The API under gunicorn with the very command line `gswarm up` runs."""
+    port = free_port()
+    web = next(s for s in control_plane_specs(fleet.settings, fleet.env, "127.0.0.1", port) if s.name == "web")
+    proc = Proc("web-slow-clients", list(web.argv), fleet.env, fleet.tmp / "logs").start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: requests.get(f"{base}/api/v1/health", timeout=2).status_code == 200, 60, "the API up")
+        yield base
+    finally:
+        proc.stop()
+
+
+def open_idle(port: int, n: int = IDLE) -> list[socket.socket]:
+    """`n` connections that send nothing (even ones) or a request whose headers never end (odd ones)."""
+    socks = []
+    for i in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if i % 2:
+            s.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        socks.append(s)
+    return socks
+
+
+def answered_fast(url: str, token: str | None = None) -> requests.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    t0 = time.perf_counter()
+    r = requests.get(url, headers=headers, timeout=30)
+    took = time.perf_counter() - t0
+    assert took < LIMIT_S, f"GET {url} took {took:.2f} s with {IDLE} idle sockets open"
+    return r
+
+
+def check_answers(base: str, token: str) -> None:
+    for _ in range(5):  # several, so each web process is asked at least once in turn
+        r = answered_fast(f"{base}/api/v1/health")
+        assert r.status_code == 200 and r.json()["status"] == "healthy"
+    r = answered_fast(f"{base}/v1/models", token)
+    assert r.status_code == 200 and r.json()["object"] == "list"
+
+
+def test_the_api_answers_while_64_idle_sockets_are_open(api: str, fleet: Fleet) -> None:
+    socks = open_idle(int(api.rsplit(":", 1)[1]))
+    try:
+        check_answers(api, fleet.token)
+        assert all(s.fileno() != -1 for s in socks)
+    finally:
+        for s in socks:
+            s.close()
+
+
+def nginx_conf(tmp: Path, listen: int, upstream: str) -> Path:
+    """config/nginx.conf as compose runs it, with this host's ports in place of compose's names."""
+    text = (ROOT / "config" / "nginx.conf").read_text()
+    text, n1 = re.subn(r"server web:8091;", f"server {upstream};", text)
+    text, n2 = re.subn(r"listen 8080;", f"listen 127.0.0.1:{listen};", text)
+    assert n1 == 1 and n2 == 1, "config/nginx.conf no longer names web:8091 and port 8080"
+    path = tmp / "nginx.conf"
+    path.write_text(text)
+    return path
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    try:
+        data = s.recv(4096)
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+    return data == b"" or data.startswith(b"HTTP/1.1 408")
+
+
+def test_nginx_with_the_repos_config_holds_slow_clients(api: str, fleet: Fleet, tmp_path: Path) -> None:
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    assert Path(nginx).exists(), "nginx is not installed (apt-get install nginx-light; make bench installs it)"
+    port = free_port()
+    conf = nginx_conf(tmp_path, port, api.removeprefix("http://"))
+    argv = [nginx, "-p", f"{tmp_path}/", "-c", str(conf), "-e", "stderr", "-g", "daemon off;"]
+    proxy = Proc("nginx", argv, fleet.env, tmp_path).start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: requests.get(f"{base}/api/v1/health", timeout=2).status_code == 200, 30, "nginx up")
+        opened_at = time.monotonic()
+        socks = open_idle(port)
+        try:
+            check_answers(base, fleet.token)
+            slow = socks[1]
+            slow.settimeout(0.5)
+            wait_for(lambda: closed_by_server(slow), 20, "nginx to drop a client whose headers never end")
+            assert 9.5 <= time.monotonic() - opened_at <= 16  # client_header_timeout 10s
+        finally:
+            for s in socks:
+                s.close()
+        # A body over the API's own limit is refused by nginx from its Content-Length, before anything is read.
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as big:
+            big.sendall(b"POST /api/v1/data HTTP/1.1\r\nHost: x\r\nContent-Length: 70000000\r\n\r\n")
+            assert big.recv(4096).startswith(b"HTTP/1.1 413")
+    finally:
+        proxy.stop()
