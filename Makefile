@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # on a GPU host use e.g. `make up TORCH=torch` for the CUDA build of your platform.
 TORCH  ?= torch==2.13.0
 
-.PHONY: up install dev serve test test-unit test-integration lint bench services clean
+.PHONY: up install dev serve test test-unit test-integration test-cluster lint bench services clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,16 @@ PYTEST_WORKERS ?= 3
 test: dev services
 	$(BIN)/python -m pytest -q -ra $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile -m "not serial")
 	$(if $(filter 0,$(PYTEST_WORKERS)),,$(BIN)/python -m pytest -q -ra -m serial)
+
+# The compose cluster for real (tests/cluster, README "Run it as a cluster"): the images (Docker Hub, else
+# ../shared/tools/offline-images/build.sh, which needs root), docker-compose.yml up with generated secrets, the
+# user-level checks through its published ports, then its faults; table and timings in $(CLUSTER_DIR)/faults.txt.
+CLUSTER_DIR ?= /tmp/gswarm-cluster
+test-cluster: dev
+	@docker info >/dev/null 2>&1 || [ "$$(id -u)" = 0 ] || { echo "make test-cluster: no Docker daemon answers and \
+	this user is not root (the images script installs and starts Docker as root): nothing was tested" >&2; exit 1; }
+	GSWARM_CLUSTER_DIR=$(CLUSTER_DIR) tests/cluster/images.sh
+	GSWARM_CLUSTER_TEST=1 GSWARM_CLUSTER_DIR=$(CLUSTER_DIR) $(BIN)/python -m pytest -q -ra -o timeout=900 tests/cluster
 
 test-unit: dev
 	$(BIN)/python -m pytest -q tests/unit
