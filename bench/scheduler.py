@@ -8,18 +8,24 @@
    critical path), which ignores loads. Goal for `gswarm`: <= 1.10.
 3. The same online trace shape on a two-node fleet with tiers (DRAM, disk, peer, hub): where loads came from.
 4. The simulator at scale: 20,000+ steps on 64 GPUs, wall seconds per policy (goal < 10 s each).
+5. The command at scale: `gswarm schedule simulate` on a 22,500-step, 64-GPU trace file written by
+   `gswarm schedule generate` (6,600 requests, YAML, 1.6 MB), start-up and file reading included: wall seconds
+   per policy over --runs runs, median and spread (goal < 2 s each), with the CPU seconds beside them.
 
 The traces come from `gswarm schedule generate`'s built-in config (eight models, one on two GPUs; chains, a
 diamond, fan-out) with fixed seeds, so every run measures the same thing.
 
-    python bench/scheduler.py [--requests 1500] [--json]
+    python bench/scheduler.py [--requests 1500] [--runs 3] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import Row  # noqa: E402
 from gswarm_web.scheduling import parse_config, parse_fleet, validate  # noqa: E402
 from gswarm_web.scheduling.api import prepare, run  # noqa: E402
 from gswarm_web.scheduling.generator import bench_config, generate  # noqa: E402
@@ -89,11 +96,51 @@ def print_online(table: dict[str, dict[str, dict]]) -> None:
             )
 
 
+CLI_POLICIES = ("fifo", "round_robin", "offline", "online", "gswarm")  # eft is not offered by the command
+
+
+def cli_rows(runs: int) -> list[Row]:
+    """Part 5: the whole command per policy, as a user runs it on a generated trace file."""
+    gswarm = str(Path(sys.executable).with_name("gswarm"))
+    tmp = Path(tempfile.mkdtemp(prefix="gswarm-bench-sched-"))
+    trace, config = tmp / "trace.yaml", tmp / "config.json"
+    subprocess.run(
+        [gswarm, "schedule", "generate", "--write-config", str(config), "--output", str(trace)]
+        + ["--count", "6600", "--gpus", "64", "--utilization", "0.7", "--seed", "3"],
+        check=True,
+        capture_output=True,
+    )
+    argv = [gswarm, "schedule", "simulate", "--config", str(config), "--requests", str(trace), "--gpus", "64"]
+    rows, size = [], trace.stat().st_size >> 10
+    for policy in CLI_POLICIES:
+        walls, cpus = [], []
+        for _ in range(runs):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            out = subprocess.run([*argv, "--policy", policy], check=True, capture_output=True, text=True).stdout
+            walls.append(time.perf_counter() - t0)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+            assert "22507" in out, out  # every step of the trace simulated
+        name = f"gswarm schedule simulate --policy {policy} (22,507 steps, 64 GPUs, {size} KiB of YAML)"
+        rows.append(Row(name, walls, "s", "< 2", lambda v: v < 2))
+        rows.append(Row(f"  of which CPU seconds ({policy})", cpus, "s", "info", None))
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1500, help="requests per online trace")
     parser.add_argument("--json", action="store_true", help="print the results as JSON as well")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each command in part 5")
+    parser.add_argument("--only-cli", action="store_true", help="part 5 only")
     args = parser.parse_args()
+    if args.only_cli:
+        rows = cli_rows(args.runs)
+        print("\n5. the command, start-up and file reading included")
+        for row in rows:
+            print(row.line())
+        return 0 if all(r.ok() for r in rows) else 1
     config = parse_config(bench_config())
     results: dict[str, Any] = {"online": online_table(config, args.requests)}
     print_online(results["online"])
@@ -123,6 +170,11 @@ def main() -> int:
     print(f"\n4. {scale['fifo']['steps']} steps on 64 GPUs: simulation wall seconds (policy included)")
     print("   " + "  ".join(f"{p} {r['wall_s']:.2f}s" for p, r in scale.items()))
 
+    cli = cli_rows(args.runs)
+    print("\n5. the command, start-up and file reading included")
+    for row in cli:
+        print(row.line())
+
     at = results["online"]["0.7"]
     goals = {
         "gswarm loads <= 0.4x fifo at 0.7": at["gswarm"]["model_loads"] <= 0.4 * at["fifo"]["model_loads"],
@@ -137,6 +189,7 @@ def main() -> int:
             for r in part.values()
         ),
         "every policy simulates 20k steps on 64 GPUs in < 10 s": all(r["wall_s"] < 10 for r in scale.values()),
+        "gswarm schedule simulate on 22.5k steps < 2 s (median), every policy": all(r.ok() for r in cli),
     }
     results["goals"] = goals
     print("\ngoals")

@@ -4,14 +4,15 @@ scheduling, the control worker (`celery_app`) and the CLI (`cli`)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
-
-from flask import Flask
-from sqlalchemy import event
+from typing import TYPE_CHECKING, Any
 
 from gswarm_tasks.settings import Settings, load_settings
 
-from .dashboard import SWAGGER_UI_URL
+if TYPE_CHECKING:
+    from flask import Flask
+
+# Flask and SQLAlchemy are imported by create_app, not here: a command that needs neither (`gswarm schedule ...`)
+# does not pay for importing them.
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -24,6 +25,8 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 
 
 def flask_config(settings: Settings) -> dict[str, Any]:
+    from .dashboard import SWAGGER_UI_URL
+
     url = settings.effective_database_url
     engine_options: dict[str, Any] = {"pool_pre_ping": True}
     if not url.startswith("sqlite"):
@@ -56,6 +59,9 @@ def flask_config(settings: Settings) -> dict[str, Any]:
 
 def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     """Build the control-plane app from settings (default: loaded from config file and environment)."""
+    from flask import Flask
+    from sqlalchemy import event
+
     from .api import BLUEPRINTS
     from .api.auth import init_auth
     from .api.limits import limit_json_depth

@@ -2,37 +2,57 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy.exc import SQLAlchemyError
 
 from gswarm_tasks.errors import GswarmError
 from gswarm_tasks.settings import load_settings
 
-from .client import ApiClient
-from .data import data
-from .host import host
-from .importer import import_
-from .join import client
-from .model import model
-from .node import node, print_node
-from .placement import placement
-from .profiler import profiler
-from .schedule import schedule
-from .serving import COMMANDS as SERVING_COMMANDS
-from .up import up
-from .workflow import queue, workflow
+if TYPE_CHECKING:
+    from .client import ApiClient
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True)
 
+# Command groups are imported when they are run (or listed): `gswarm schedule simulate` does not import the HTTP
+# client, Redis, SQLAlchemy and Flask that other commands need (half a second of CPU at every start).
+SUBCOMMANDS = {
+    "up": ".up:up",
+    "host": ".host:host",
+    "client": ".join:client",
+    "model": ".model:model",
+    "node": ".node:node",
+    "workflow": ".workflow:workflow",
+    "queue": ".workflow:queue",
+    "profiler": ".profiler:profiler",
+    "data": ".data:data",
+    "schedule": ".schedule:schedule",
+    "placement": ".placement:placement",
+    "import": ".importer:import_",
+}
+
+
+def _load_command(name: str) -> click.Command:
+    module, attr = SUBCOMMANDS[name].split(":")
+    command: click.Command = getattr(importlib.import_module(module, __name__), attr)
+    if name == "model":
+        from .serving import COMMANDS as SERVING_COMMANDS
+
+        for sub in SERVING_COMMANDS:
+            if isinstance(command, click.Group) and sub.name not in command.commands:
+                command.add_command(sub)
+    return command
+
 
 def api() -> ApiClient:
+    from .client import ApiClient
+
     return ApiClient.from_settings(load_settings())
 
 
@@ -52,6 +72,14 @@ STATUS_STYLE = {"healthy": "green", "unhealthy": "yellow", "offline": "red", "de
 class GswarmGroup(click.Group):
     """Prints gswarm and API errors as one line, never a traceback."""
 
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in SUBCOMMANDS and cmd_name not in self.commands:
+            self.add_command(_load_command(cmd_name), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | set(SUBCOMMANDS))
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -59,7 +87,10 @@ class GswarmGroup(click.Group):
             code = f"[{exc.code}] " if exc.code else ""
             err_console.print(f"[red]error:[/] {code}{exc.message}", highlight=False)
             sys.exit(1)
-        except SQLAlchemyError as exc:
+        except Exception as exc:
+            sa = sys.modules.get("sqlalchemy.exc")  # only a command that imported SQLAlchemy can raise its errors
+            if sa is None or not isinstance(exc, sa.SQLAlchemyError):
+                raise
             first = str(getattr(exc, "orig", None) or exc).splitlines()[0]
             err_console.print(f"[red]database error:[/] {first} (is it migrated? `gswarm db upgrade`)", highlight=False)
             sys.exit(1)
@@ -69,22 +100,6 @@ class GswarmGroup(click.Group):
 @click.version_option(package_name="gswarm")
 def main() -> None:
     """gswarm: manage a fleet of GPU hosts."""
-
-
-main.add_command(up)
-main.add_command(host)
-main.add_command(client)
-main.add_command(model)
-main.add_command(node)
-main.add_command(workflow)
-main.add_command(queue)
-main.add_command(profiler)
-main.add_command(data)
-main.add_command(schedule)
-main.add_command(placement)
-main.add_command(import_)
-for _command in SERVING_COMMANDS:
-    model.add_command(_command)
 
 
 def seen_text(age: Any) -> str:
@@ -126,6 +141,8 @@ def nodes(status: str | None, verbose: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(body, indent=2))
     elif verbose:
+        from .node import print_node
+
         for n in body["nodes"]:
             print_node(n)
     else:

@@ -203,11 +203,11 @@ class Gswarm(Policy):
 
     def _warm_group(self, m: int) -> Group | None:
         """Idle, unreserved GPUs that hold `m` as one group."""
-        c = self.c
+        c, idle, reserved = self.c, self.c.idle, self._is_reserved if self.reserved else None
         for g in c.holders(m):
-            if g in c.idle and not self._is_reserved(g):
+            if g in idle and not (reserved and reserved(g)):
                 grp = c.residency.held[g][m]
-                if c.residency.warm(m, grp) and all(x in c.idle and not self._is_reserved(x) for x in grp):
+                if c.residency.warm(m, grp) and all(x in idle and not (reserved and reserved(x)) for x in grp):
                     return grp
         return None
 
@@ -279,7 +279,7 @@ class Gswarm(Policy):
         c, skip = self.c, set()
         while True:
             self._evicting = {}
-            free = {g for g in c.idle if not self._is_reserved(g)}
+            free = {g for g in c.idle if not self._is_reserved(g)} if self.reserved else set(c.idle)
             if not free:
                 return
             free_on: list[list[int]] = [[] for _ in c.node_gpus]
