@@ -88,6 +88,8 @@ bench: dev services
 	$(BIN)/python bench/profiler.py
 	$(BIN)/python bench/scheduler.py
 	$(BIN)/python bench/gateway.py
+	$(BIN)/python bench/fleet.py
+	$(BIN)/python bench/autoscale.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
