@@ -1,4 +1,4 @@
-"""`gswarm model serve|scale|stop|services|service-health`: a model's services, over the API."""
+"""`gswarm model serve|scale|stop|services|service-health|scaling`: a model's services, over the API."""
 
 from __future__ import annotations
 
@@ -22,30 +22,42 @@ console = Console(soft_wrap=True)
 @click.option(
     "--device", default="auto", show_default=True, help="auto, auto:gpu, auto:cpu, gpuN or cpu (--node), NODE:gpuN."
 )
-@click.option("--replicas", type=click.IntRange(1, 64), default=1, show_default=True)
+@click.option("--replicas", type=click.IntRange(1, 64), default=None, help="1 by default (autoscaled: its minimum).")
 @click.option("--node", default=None)
 @click.option("--port", type=int, default=None)
 @click.option(
     "--engine", default="builtin", show_default=True, help="A serving preset of the nodes (builtin, vllm, sglang, ...)."
 )
 @click.option("--idle-timeout", type=float, default=None, help="Seconds without requests before it is unloaded.")
+@click.option("--min-replicas", type=click.IntRange(0, 64), default=None, help="Autoscaled: the fewest (0: sleeps).")
+@click.option("--max-replicas", type=click.IntRange(1, 64), default=None, help="Autoscaled: the most.")
+@click.option("--target-in-flight", type=float, default=None, help="Autoscaled: requests in flight per replica (4).")
 @click.option("--timeout", type=float, default=600, show_default=True, help="Seconds to wait for the replicas.")
 @click.option("--no-wait", is_flag=True)
 def serve(
     name: str,
     device: str,
-    replicas: int,
+    replicas: int | None,
     node: str | None,
     port: int | None,
     engine: str,
     idle_timeout: float | None,
+    min_replicas: int | None,
+    max_replicas: int | None,
+    target_in_flight: float | None,
     timeout: float,
     no_wait: bool,
 ) -> None:
-    """Serve a model (N replicas behind the gateway) and wait until they answer."""
+    """Serve a model (N replicas behind the gateway, or as many as the load asks for between --min-replicas and
+    --max-replicas) and wait until they answer."""
     c = api()
     target = device if device.startswith("auto") else full_device(device, node, "--device")
-    body: dict[str, Any] = {"model_name": name, "device": target, "engine": engine, "replicas": replicas}
+    body: dict[str, Any] = {"model_name": name, "device": target, "engine": engine}
+    given = {"min_replicas": min_replicas, "max_replicas": max_replicas, "target_in_flight": target_in_flight}
+    if any(v is not None for v in given.values()):
+        body["autoscaling"] = {k: v for k, v in given.items() if v is not None}
+    if replicas is not None or "autoscaling" not in body:
+        body["replicas"] = replicas or 1
     if port:
         body["port"] = port
     if idle_timeout:
@@ -54,8 +66,8 @@ def serve(
     for r in svc["instances"]:
         chosen = (r.get("placement") or {}).get("loaded_from")
         console.print(f"replica {r['id'][:8]} -> {r['device']}" + (f" (weights from {chosen})" if chosen else ""))
-    if not no_wait:
-        svc = wait_replicas(c, svc["id"], replicas, timeout)
+    if not no_wait and svc["replicas"] > 0:
+        svc = wait_replicas(c, svc["id"], svc["replicas"], timeout)
     console.print(
         f"service {svc['id']} ({svc['ready_replicas']}/{svc['replicas']} ready, {svc['status']}): "
         f"{c.base_url}/v1 model={svc['gateway_model']}"
@@ -183,4 +195,47 @@ def service_health(name_or_service: str, as_json: bool) -> None:
         sys.exit(1)
 
 
-COMMANDS = (serve, scale, stop, services, service_health)
+def _policy_text(policy: dict[str, Any] | None) -> str:
+    if not policy:
+        return "fixed (no autoscaling)"
+    target = (
+        f"{policy['target_in_flight']:g} in flight per replica"
+        if policy.get("target_in_flight") is not None
+        else f"queue wait {policy['target_queue_wait_s']:g} s"
+    )
+    return (
+        f"{policy['min_replicas']} to {policy['max_replicas']} replicas, target {target}, up after "
+        f"{policy['scale_up_delay_s']:g} s, down after {policy['scale_down_delay_s']:g} s"
+    )
+
+
+@click.command("scaling")
+@click.argument("name_or_service")
+@click.option("--limit", type=click.IntRange(1, 50), default=20, show_default=True, help="Decisions shown.")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON (GET /services/{id}/scaling).")
+def scaling(name_or_service: str, limit: int, as_json: bool) -> None:
+    """A service's autoscaling: its policy, the load the autoscaler sees and its decisions, newest first."""
+    c = api()
+    svc = live_service(c, name_or_service)
+    body = c.get(f"services/{svc['id']}/scaling")
+    if as_json:
+        click.echo(json.dumps(body, indent=2))
+        return
+    in_flight = sum(body["in_flight"].values())
+    counts = f"{body['ready_replicas']} ready, {body['draining_replicas']} draining"
+    console.print(f"service {body['service_id']} ({svc['model_name']}): {body['replicas']} replicas ({counts})",
+                  highlight=False)  # fmt: skip
+    console.print(f"autoscaling: {_policy_text(body['autoscaling'])}", highlight=False)
+    console.print(f"load now: {in_flight} in flight, {body['waiting']} waiting", highlight=False)
+    table = Table("at", "replicas", "why", "load seen")
+    for e in body["events"][:limit]:
+        style = "green" if e["direction"] == "up" else "yellow"
+        seen = ", ".join(f"{k} {v}" for k, v in (e.get("load") or {}).items()) or "-"
+        table.add_row(e["at"][:19], f"[{style}]{e['from_replicas']} -> {e['to_replicas']}[/]", e["reason"], seen)
+    if body["events"]:
+        console.print(table)
+    else:
+        console.print("no scaling decision yet")
+
+
+COMMANDS = (serve, scale, stop, services, service_health, scaling)

@@ -1,6 +1,6 @@
-// Models: the registry, where each model is (node x tier), services with their replicas and the gateway URL,
-// actions (download, copy, move, serve with `auto`, scale, stop) with the placement decision shown before they
-// run, and operations with their progress.
+// Models: the registry, where each model is (node x tier), services with their replicas, the gateway URL and each
+// one's autoscaling decisions, actions (download, copy, move, serve with `auto`, scale, stop) with the placement
+// decision shown before they run, and operations with their progress.
 
 import { live } from "../events.js";
 import { all, del, get, patch, post } from "../api.js";
@@ -12,6 +12,7 @@ export async function render(root, _args, signal) {
   const registry = h("div", { id: "models-registry" });
   const matrix = h("div", { id: "models-matrix" });
   const services = h("div", { id: "services" });
+  const scalingView = h("div", { id: "service-scaling" });
   const ops = h("div", { id: "operations" });
   const state = { models: [], nodes: [] };
   const actions = canWrite() ? actionPanel(state) : null;
@@ -21,7 +22,7 @@ export async function render(root, _args, signal) {
     h("h2", null, "Registry"), registry,
     h("h2", null, "Where they are (node × tier)"), matrix,
     actions ? [h("h2", null, "Actions"), actions.el] : null,
-    h("h2", null, "Services"), services,
+    h("h2", null, "Services"), services, scalingView,
     h("h2", null, "Operations"), ops,
   );
 
@@ -55,15 +56,25 @@ export async function render(root, _args, signal) {
         { label: "model", get: (s) => s.model_name },
         { label: "status", get: (s) => badge(s.status) },
         { label: "replicas", get: (s) => `${s.ready_replicas} / ${s.replicas} ready`, cls: "num" },
+        { label: "autoscaling", get: (s) => h("span", { class: "small" }, policyText(s.autoscaling)) },
         { label: "instances", get: (s) => (s.instances || []).map((r) => h("div", { class: "small" },
           badge(r.status), ` ${r.device}`, r.healthy === false ? " (unhealthy)" : r.healthy ? " (healthy)" : "")) },
         { label: "gateway", get: (s) => (s.gateway_model ? h("div", { class: "small mono" }, `${gateway}  model: ${s.gateway_model}`) : "—") },
-        { label: "", get: (s) => serviceActions(s) },
+        { label: "", get: (s) => [readButton("Scaling", () => { shown.id = s.id; return showScaling(); }, { "data-scaling": s.id }),
+          serviceActions(s)] },
       ],
       list,
       { rowAttrs: (s) => ({ "data-service": s.id }), empty: "no service" },
     ));
   }, { types: ["service", "replica"], ms: 3000 }, signal);
+
+  // one service's autoscaling: its policy, the load the autoscaler sees and its decisions (GET /services/{id}/scaling)
+  const shown = { id: null };
+  const showScaling = async () => {
+    if (!shown.id) return;
+    fill(scalingView, scalingPanel(await get(`/services/${encodeURIComponent(shown.id)}/scaling`, { signal })));
+  };
+  live(showScaling, { types: ["service", "replica"], ms: 2000 }, signal);
 
   live(async () => {
     const body = await get("/queue/tasks?per_page=100", { signal });
@@ -107,6 +118,32 @@ function placementMatrix(models, nodes) {
   });
   return h("div", { class: "matrix" }, h("table", null, h("thead", null, head1, head2),
     h("tbody", null, rows.length ? rows : h("tr", null, h("td", { class: "muted" }, "no model")))));
+}
+
+function policyText(p) {
+  if (!p) return "fixed";
+  const target = p.target_in_flight != null ? `${p.target_in_flight} in flight / replica` : `queue wait ${p.target_queue_wait_s} s`;
+  return `${p.min_replicas}–${p.max_replicas}, ${target}`;
+}
+
+function scalingPanel(body) {
+  const inFlight = Object.values(body.in_flight || {}).reduce((a, b) => a + b, 0);
+  const policy = body.autoscaling;
+  return h("div", { class: "panel", "data-scaling-of": body.service_id },
+    h("h3", null, `Scaling of ${body.service_id}`),
+    h("p", { class: "small" }, `${body.replicas} replicas (${body.ready_replicas} ready, ${body.draining_replicas} draining) · `,
+      `load now: ${inFlight} in flight, ${body.waiting} waiting · autoscaling: ${policyText(policy)}`,
+      policy ? ` · up after ${policy.scale_up_delay_s} s, down after ${policy.scale_down_delay_s} s` : ""),
+    table(
+      [
+        { label: "at", get: (e) => fmtTime(e.at) },
+        { label: "replicas", get: (e) => `${e.from_replicas} → ${e.to_replicas} (${e.direction})`, cls: "num" },
+        { label: "why", get: (e) => e.reason },
+        { label: "load seen", get: (e) => h("span", { class: "small mono" }, Object.entries(e.load || {}).map(([k, v]) => `${k} ${v}`).join(", ") || "—") },
+      ],
+      body.events || [],
+      { rowAttrs: (e) => ({ "data-direction": e.direction }), empty: "no scaling decision yet" },
+    ));
 }
 
 function serviceActions(svc) {
