@@ -7,7 +7,7 @@
 gswarm times run from the POST to the moment every step is recorded `succeeded` in Postgres; raw Celery
 times from apply_async to the last result. Ratios are gswarm / raw; the goals are issue 13's.
 
-    python bench/workflow.py [--only group,chain,dag,submit] [--repeat 1] [--profile DIR [--profile-format raw]]
+    python bench/workflow.py [--only group,chain,dag,submit] [--repeat 3] [--profile DIR [--profile-format raw]]
 
 `--profile DIR` records py-spy on the web process (this one: the API runs in-process), the control worker and
 the node worker during each gswarm case.
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from celery import chain, group  # noqa: E402
 
-from bench.common import Profiles  # noqa: E402
+from bench.common import Profiles, Row  # noqa: E402
 from gswarm_tasks import names  # noqa: E402
 from gswarm_tasks.celery_app import make_celery  # noqa: E402
 from tests.integration.fleet import Fleet  # noqa: E402
@@ -88,10 +88,18 @@ def steps_span(steps: list[dict[str, Any]]) -> float:
     return last - first
 
 
+def _row(key: str, r: dict[str, Any]) -> Row:
+    """A case as one line: the median of its runs' ratios (or seconds) against its goal, with the spread."""
+    if key == "submit":
+        return Row(r["case"], r["seconds"], "s", "< 1", lambda v: v < 1.0)
+    goal = r["goal"]
+    return Row(r["case"], r["ratios"], "x", f"<= {goal}", lambda v: v <= goal)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(CASES), help="cases, comma-separated: " + ", ".join(CASES))
-    ap.add_argument("--repeat", type=int, default=1, help="runs of each case (medians and every figure printed)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each case (medians and every figure printed)")
     ap.add_argument("--profile", help="directory for py-spy recordings of each gswarm case")
     ap.add_argument("--profile-format", default="flamegraph", choices=("flamegraph", "raw", "speedscope"))
     args = ap.parse_args()
@@ -185,6 +193,10 @@ def main() -> int:
                 "pass": med < 1.0,
             }
         print(json.dumps(results, indent=2))
+        for key in CASES:
+            r = results.get(key)
+            if r is not None:
+                print(_row(key, r).line())
         for key in CASES:
             r = results.get(key)
             if r is None:
