@@ -58,12 +58,12 @@ def _running(fleet: Fleet, sid: str, n: int, timeout: float = 180) -> dict[str, 
     return wait_for(ready, timeout, f"{n} running replica(s) of {sid}")
 
 
-def _embed(fleet: Fleet, token: str, model: str) -> requests.Response:
+def _embed(fleet: Fleet, token: str, model: str, timeout: float = 60) -> requests.Response:
     return requests.post(
         f"{fleet.base_url}/v1/embeddings",  # type: ignore[attr-defined]
         json={"model": model, "input": TEXTS},
         headers=bearer(token),
-        timeout=60,
+        timeout=timeout,
     )
 
 
@@ -184,7 +184,7 @@ def test_an_idle_service_is_unloaded_and_a_request_brings_it_back(
     assert idle["ready_replicas"] == 0
     wait_for(lambda: "node1:dram" in fleet.get(f"/models/{name}")[1]["locations"], 60, "weights staged in dram")
     started = time.monotonic()
-    r = _embed(fleet, fleet.token, name)  # waits for the cold start
+    r = _embed(fleet, fleet.token, name, timeout=120)  # waits for the cold start (the bound asserted below)
     assert r.status_code == 200, r.text
     assert time.monotonic() - started < 120
     got = np.asarray([d["embedding"] for d in r.json()["data"]])
