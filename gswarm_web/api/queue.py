@@ -93,15 +93,19 @@ class QueuedTaskSchema(TaskSchema):
     )
 
 
+def get_task(task_id: str) -> TaskRecord:
+    rec = db.session.get(TaskRecord, task_id)
+    if rec is None:
+        raise NotFound(f"no task {task_id!r}", {"task_id": task_id})
+    return rec
+
+
 @blp.route("/queue/tasks/<string:task_id>")
 class TaskById(MethodView):
     @blp.response(200, QueuedTaskSchema)
     def get(self, task_id: str) -> TaskRecord:
         """One task: status, progress (bytes done / total), attempts, result or error"""
-        rec = db.session.get(TaskRecord, task_id)
-        if rec is None:
-            raise NotFound(f"no task {task_id!r}", {"task_id": task_id})
-        return rec
+        return get_task(task_id)
 
 
 ACTIVE_STATES = ("pending", "queued", "running")
@@ -217,9 +221,7 @@ class TaskCancel(MethodView):
     @blp.response(200, TaskSchema)
     def post(self, task_id: str) -> TaskRecord:
         """Cancel a pending or running task (a workflow step's dependents are skipped)"""
-        rec = db.session.get(TaskRecord, task_id)
-        if rec is None:
-            raise NotFound(f"no task {task_id!r}", {"task_id": task_id})
+        rec = get_task(task_id)
         if rec.workflow_id:
             cancel_step(rec)
         else:

@@ -103,8 +103,8 @@ def read_document() -> dict[str, Any]:
     return load_document(data)
 
 
-def get_run(workflow_id: str) -> WorkflowRun:
-    run = db.session.get(WorkflowRun, workflow_id)
+def get_run(workflow_id: str, locked: bool = False) -> WorkflowRun:
+    run = db.session.get(WorkflowRun, workflow_id, with_for_update=True if locked else None)
     if run is None:
         raise NotFound(f"no workflow {workflow_id!r}", {"workflow_id": workflow_id})
     return run
@@ -178,9 +178,7 @@ class WorkflowCancel(MethodView):
     @blp.response(200, WorkflowSchema)
     def post(self, workflow_id: str) -> WorkflowRun:
         """Cancel: pending steps never start, running ones are stopped"""
-        run = db.session.get(WorkflowRun, workflow_id, with_for_update=True)
-        if run is None:
-            raise NotFound(f"no workflow {workflow_id!r}", {"workflow_id": workflow_id})
+        run = get_run(workflow_id, locked=True)
         if run.status != "running":
             raise InvalidRequest(f"workflow {workflow_id} is already {run.status}", {"status": run.status})
         cancel_workflow(run, reason="cancelled by request")

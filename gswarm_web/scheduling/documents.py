@@ -11,6 +11,7 @@ timestamp is a datetime), each distinct plain scalar resolved once.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,10 @@ class _Refused(Exception):
 class _Scalars:
     """Plain scalars to values as the safe loader reads them, each distinct text resolved and constructed once."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, json_values: bool = False) -> None:
         self.loader = loader
         self.plain: dict[str, Any] = {}
+        self.json_values = json_values  # only values JSON has: a timestamp stays its text, a float is finite
 
     def value(self, ev: yaml.ScalarEvent) -> Any:
         if ev.tag in (None, "!"):
@@ -60,12 +62,17 @@ class _Scalars:
             raise _Refused("merge keys (<<) are not allowed", ev)
         if tag not in _SCALARS:
             raise _Refused(f"the tag {tag} is not allowed", ev)
-        return self.loader.yaml_constructors[tag](self.loader, yaml.ScalarNode(tag, ev.value, style=ev.style or None))
+        if self.json_values and tag == _YAML + "timestamp":
+            return ev.value
+        value = self.loader.yaml_constructors[tag](self.loader, yaml.ScalarNode(tag, ev.value, style=ev.style or None))
+        if self.json_values and isinstance(value, float) and not math.isfinite(value):
+            raise _Refused(f"{ev.value!r} is not a finite number", ev)
+        return value
 
 
-def _build(loader: Any) -> Any:
+def _build(loader: Any, json_values: bool = False) -> Any:
     """The document from the parser's events: containers on an explicit stack, so any nesting up to MAX_DEPTH."""
-    scalars = _Scalars(loader)
+    scalars = _Scalars(loader, json_values)
     stack: list[tuple[Any, list[Any]]] = []  # (container, [pending key] for mappings)
     root: Any = None
     documents = 0
@@ -116,11 +123,12 @@ def _build(loader: Any) -> Any:
     return root
 
 
-def parse_yaml(text: str) -> Any:
-    """A YAML (or JSON) text as plain data; raises yaml.YAMLError or ValueError saying what is wrong and where."""
+def parse_yaml(text: str | bytes, json_values: bool = False) -> Any:
+    """A YAML (or JSON) text as plain data; raises yaml.YAMLError or ValueError saying what is wrong and where.
+    `json_values`: only values JSON has (a timestamp stays its text, `.nan` and `.inf` are refused)."""
     loader = _Loader(text)
     try:
-        return _build(loader)
+        return _build(loader, json_values)
     except _Refused as exc:
         raise ValueError(str(exc)) from None
     finally:

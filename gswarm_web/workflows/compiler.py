@@ -7,8 +7,7 @@ from __future__ import annotations
 from gswarm_tasks import names
 from gswarm_tasks.devices import Device
 
-from .actions import Action
-from .spec import Workflow
+from .document import Action, Target, Workflow
 
 
 def segments(wf: Workflow) -> list[list[Action]]:
@@ -33,24 +32,22 @@ def segments(wf: Workflow) -> list[list[Action]]:
     return out
 
 
-def step_device(a: Action) -> str | None:
-    p = a.params
-    if a.type in ("download", "move", "copy"):
-        return p.get("target_device")
-    if a.type in ("serve", "stop_serve", "delete"):
-        return p.get("device")
-    if a.type in ("data_create", "data_move", "data_transfer"):
-        return p.get("target_device")
-    if a.type in ("inference", "data_merge"):
-        return p.get("output_device")
-    return None
+# The field that says where a step runs, per action type.
+STEP_DEVICE = {
+    **dict.fromkeys(("download", "move", "copy", "data_create", "data_move", "data_transfer"), "target_device"),
+    **dict.fromkeys(("serve", "stop_serve", "delete"), "device"),
+    **dict.fromkeys(("inference", "data_merge"), "output_device"),
+}
+
+
+def step_device(a: Action) -> Target | None:
+    key = STEP_DEVICE.get(a.type)
+    return a.device(key) if key else None
 
 
 def step_queue(a: Action) -> str:
     """The queue a step runs on: its device's node, the action's `node`, else the control queue."""
     dev = step_device(a)
-    if dev and "${" not in dev:
-        node = Device.parse(dev).node
-        if node is not None:
-            return node
+    if isinstance(dev, Device) and dev.node is not None:
+        return dev.node
     return a.node or names.CONTROL_QUEUE

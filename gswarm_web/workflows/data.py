@@ -18,8 +18,9 @@ from gswarm_tasks.errors import InvalidRequest, NotFound
 from ..control.chunk_state import hold, location_view, usable_locations
 from ..extensions import db, settings
 from ..tables import DataChunk, Model, Replica, Service, WorkflowRun
-from .actions import CHUNK_FIELDS, REF_RE
-from .spec import Workflow, first_serves
+from .actions import CHUNK_FIELDS
+from .document import Workflow
+from .spec import first_serves
 
 PRODUCERS = ("data_create", "inference", "data_merge")
 
@@ -33,7 +34,7 @@ def prepare_data(run: WorkflowRun, wf: Workflow) -> dict[str, dict[str, Any]]:
     for a in wf.actions:
         extra: dict[str, Any] = {}
         where = f"actions[{a.id}]"
-        p = a.params
+        p = a.fields
         if a.type in PRODUCERS:
             extra["chunk_id"] = str(uuid.uuid4())
         if a.type == "data_create":
@@ -49,13 +50,9 @@ def prepare_data(run: WorkflowRun, wf: Workflow) -> dict[str, dict[str, Any]]:
                         f"{where}.data: more than {s.data_max_inline} bytes; use `source`",
                         {"field": f"{where}.data"},
                     )
-        literal: list[tuple[str, str]] = []
-        for key in CHUNK_FIELDS:
-            if isinstance(p.get(key), str) and not REF_RE.search(p[key]):
-                literal.append((f"{where}.{key}", p[key]))
-        for i, item in enumerate(p.get("inputs") or []):
-            if isinstance(item, str) and not REF_RE.search(item):
-                literal.append((f"{where}.inputs[{i}]", item))
+        # A chunk named by id (a reference was parsed into a `Ref` at the edge).
+        literal = [(f"{where}.{key}", p[key]) for key in CHUNK_FIELDS if isinstance(p.get(key), str)]
+        literal += [(f"{where}.inputs[{i}]", c) for i, c in enumerate(p.get("inputs") or []) if isinstance(c, str)]
         chunks: dict[str, list[dict[str, Any]]] = {}
         for field, cid in literal:
             chunk = db.session.get(DataChunk, cid) if len(cid) <= 36 else None

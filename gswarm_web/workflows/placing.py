@@ -10,23 +10,19 @@ step on a fleet without GPUs) refuses the whole workflow, naming the action and 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from gswarm_tasks.devices import Auto, Device, parse_target
+from gswarm_tasks.devices import Auto, Device
 from gswarm_tasks.errors import GswarmError, InvalidRequest
 
 from ..control.fleet import current_view
 from ..control.placement import choose, current_load, need_bytes
 from ..extensions import db
 from ..scheduling.placement import Load
-from ..tables import ChunkLocation, Model
-from .actions import AUTO_DEFAULTS, Action, is_auto
-from .spec import Workflow, order_and_cycle, reach
-
-# The device fields placement fills, per action type (a chunk's move or transfer names its device, or `auto`).
-FIELDS = {**AUTO_DEFAULTS, "data_move": ("target_device",), "data_transfer": ("target_device",)}
-REF_STEP = re.compile(r"^\$\{([A-Za-z0-9][A-Za-z0-9_.-]*?)\.")
+from ..tables import ChunkLocation, Model, ModelLocation
+from .document import Action, Ref, Workflow
+from .rules import PLACED
+from .spec import order_and_cycle, reach
 
 
 class Placer:
@@ -37,69 +33,67 @@ class Placer:
     nearest earlier action that left a model somewhere is one mask and one highest bit, whatever the length."""
 
     def __init__(self, wf: Workflow) -> None:
-        self.wf = wf
         self.by_id = wf.by_id()
         self.ids = order_and_cycle(self.by_id)[0]
-        self.order = [self.by_id[aid] for aid in self.ids]
         self.position = {aid: i for i, aid in enumerate(self.ids)}
         self.anc = 0  # the actions the one being placed depends on, directly or not
         self.view = current_view()
         self.load: Load = current_load()
         self.models = {m.name: m for m in db.session.scalars(db.select(Model))}
-        self.trail: dict[str, dict[str, list[str]]] = {}  # action -> model -> devices it left the model on
+        self.trail: dict[str, dict[str, list[Device]]] = {}  # action -> model -> devices it left the model on
         self.left: dict[tuple[str, bool | None], int] = {}  # (model, on a GPU or not, or either) -> actions
         self.held: dict[tuple[str, str], dict[str, int]] = {}  # (model, tier) -> node -> actions that left it there
         self.decisions: dict[str, dict[str, Any]] = {}
+        self.placed: dict[str, Action] = {}  # the actions with their devices chosen
 
     def model(self, a: Action) -> Model | None:
-        name = a.params.get("model_name")
-        return self.models.get(name) if isinstance(name, str) else None
+        name = a.text("model_name")
+        return self.models.get(name) if name is not None else None
 
-    def last(self, a: Action, model: str, gpu: bool | None = None) -> str | None:
+    def last(self, a: Action, model: str, gpu: bool | None = None) -> Device | None:
         """The device the nearest earlier action (one `a` depends on) left `model` on."""
         mask = self.anc & self.left.get((model, gpu), 0)
         if not mask:
             return None
         b = self.ids[mask.bit_length() - 1]
         for dev in reversed(self.trail[b][model]):
-            if gpu is None or Device.parse(dev).is_gpu == gpu:
+            if gpu is None or dev.is_gpu == gpu:
                 return dev
         return None
 
-    def remember(self, a: Action, model: str, kept: list[str]) -> None:
+    def remember(self, a: Action, model: str, kept: list[Device]) -> None:
         """Record where `a` left `model`, for the actions that depend on it."""
         self.trail.setdefault(a.id, {})[model] = kept
         bit = 1 << self.position[a.id]
-        for dev in kept:
-            d = Device.parse(dev)
+        for d in kept:
             for key in ((model, None), (model, d.is_gpu)):
                 self.left[key] = self.left.get(key, 0) | bit
             nodes = self.held.setdefault((model, d.tier), {})
             nodes[str(d.node)] = nodes.get(str(d.node), 0) | bit
 
-    def registry(self, model: Model | None, node: str | None = None) -> str | None:
+    def registry(self, model: Model | None, node: str | None = None) -> Device | None:
         """A ready copy in the registry (on `node` when given): dram before disk."""
         locs = [
             loc
             for loc in (model.locations if model else [])
             if loc.status == "ready" and loc.tier in ("dram", "disk") and (node is None or loc.node == node)
         ]
-        return sorted(locs, key=lambda loc: (loc.tier != "dram", loc.device))[0].device if locs else None
+        return _at(sorted(locs, key=lambda loc: (loc.tier != "dram", loc.device))[0]) if locs else None
 
-    def choose(self, a: Action, key: str, model: Model | None, action: str, target: Auto, **kw: Any) -> str:
+    def choose(self, a: Action, key: str, model: Model | None, action: str, target: Auto, **kw: Any) -> Device:
         try:
             decision = choose(model, action, target, self.load, self.view, **kw)
         except GswarmError as exc:
             where = f"actions[{a.id}].{key}"
             raise type(exc)(f"{where}: {exc.message}", {**exc.details, "field": where}) from None
-        device = str(decision["chosen"])
-        if action in ("serve", "load") and Device.parse(device).is_gpu:
-            self.load.reserved_bytes[device] = self.load.reserved_bytes.get(device, 0.0) + need_bytes(model)
+        device = Device.parse(str(decision["chosen"]))  # the one device placement's answer names
+        if action in ("serve", "load") and device.is_gpu:
+            self.load.reserved_bytes[str(device)] = self.load.reserved_bytes.get(str(device), 0.0) + need_bytes(model)
         self.decisions.setdefault(a.id, {})[key] = decision
         return device
 
-    def source(self, a: Action, model: Model | None) -> str:
-        name = str(a.params.get("model_name"))
+    def source(self, a: Action, model: Model | None) -> Device:
+        name = str(a.text("model_name"))
         found = self.last(a, name, gpu=False) or self.registry(model)
         if found is None:
             raise InvalidRequest(
@@ -110,34 +104,33 @@ class Placer:
         return found
 
     def place(self, a: Action) -> None:
-        p, model = a.params, self.model(a)
-        name = p.get("model_name") if isinstance(p.get("model_name"), str) else None
-        for key in FIELDS.get(a.type, ()):
-            if is_auto(p.get(key)):
-                target = parse_target(p[key], key)
-                assert isinstance(target, Auto)
-                p[key] = self.resolve(a, key, target, model, name)
+        model, name = self.model(a), a.text("model_name")
+        for key in PLACED.get(a.type, ()):
+            target = a.device(key)
+            if isinstance(target, Auto):
+                a = a.with_fields({key: self.resolve(a, key, target, model, name)})
         if name is not None:
-            left = [p.get(k) for k in ("target_device", "device")] if a.type != "delete" else []
-            self.remember(a, name, [d for d in left if isinstance(d, str) and ":" in d and "${" not in d])
-        for key in ("target_device", "device"):  # a step that puts weights on a GPU holds that GPU
-            dev = p.get(key)
-            if a.type in ("download", "move", "copy", "serve") and isinstance(dev, str) and "${" not in dev:
-                if ":" in dev and Device.parse(dev).is_gpu and dev not in a.exclusive:
-                    a.exclusive = sorted({*a.exclusive, dev})
+            left = [a.device(k) for k in ("target_device", "device")] if a.type != "delete" else []
+            self.remember(a, name, [d for d in left if isinstance(d, Device)])
+        self.placed[a.id] = self.by_id[a.id] = a
 
-    def resolve(self, a: Action, key: str, target: Auto, model: Model | None, name: str | None) -> str:
+    def resolve(self, a: Action, key: str, target: Auto, model: Model | None, name: str | None) -> Device:
         kind = target.kind
         if a.type == "download":
             return self.choose(a, key, model, "download", target)
         if a.type in ("move", "copy") and key == "source_device":
             return self.source(a, model)
+        src = a.device("source_device")
         if a.type in ("move", "copy"):
-            src = Device.parse(str(a.params["source_device"]))
+            if not isinstance(src, Device):
+                where = f"actions[{a.id}].{key}"
+                raise InvalidRequest(
+                    f"{where}: placement needs the source device at submission; name one", {"field": where}
+                )
             if kind == "gpu":
                 return self.choose(a, key, model, "load", target, on_node=src.node)
             if a.type == "move":  # between tiers of the model's node
-                return str(Device(src.node, kind or ("dram" if src.tier == "disk" else "disk")))
+                return Device(src.node, kind or ("dram" if src.tier == "disk" else "disk"))
             self.load.holding = self.holding(name, kind or "disk")
             try:
                 return self.choose(a, key, model, "copy", Auto(kind or "disk"))
@@ -149,28 +142,26 @@ class Placer:
             gpu = self.last(a, str(name), gpu=True) if name else None
             if gpu is not None and kind in (None, "gpu"):
                 return gpu  # served where it was loaded
-            where = (self.last(a, str(name), gpu=False) if name else None) or self.registry(model)
-            node = Device.parse(where).node if where else None
-            return self.choose(a, key, model, "serve", target, on_node=node)
+            copy = (self.last(a, str(name), gpu=False) if name else None) or self.registry(model)
+            return self.choose(a, key, model, "serve", target, on_node=copy.node if copy else None)
         return self.choose(a, key, None, "data", target)
 
     def chunk_node(self, a: Action) -> str | None:
         """The node holding the chunk `a` moves: where the step that made it put it, or a registered copy."""
-        ref = a.params.get("data_id")
-        if not isinstance(ref, str):
-            return None
-        m = REF_STEP.match(ref)
-        if m is not None:
-            maker = self.by_id.get(m.group(1))
+        ref = a.fields.get("data_id")
+        if isinstance(ref, Ref):
+            maker = self.by_id.get(ref.step)
             for key in ("target_device", "output_device"):
-                dev = maker.params.get(key) if maker is not None else None
-                if isinstance(dev, str) and ":" in dev and "${" not in dev and not is_auto(dev):
-                    return Device.parse(dev).node
+                dev = maker.device(key) if maker is not None else None
+                if isinstance(dev, Device):
+                    return dev.node
+            return None
+        if not isinstance(ref, str):
             return None
         loc = db.session.scalar(db.select(ChunkLocation).where(ChunkLocation.chunk_id == ref).limit(1))
         return loc.node if loc is not None else None
 
-    def chunk_target(self, a: Action, key: str, kind: str | None) -> str:
+    def chunk_target(self, a: Action, key: str, kind: str | None) -> Device:
         """A data_move stays on the chunk's node (to dram, or the tier named); a data_transfer goes to another node."""
         if kind not in (None, "dram", "disk"):
             field = f"actions[{a.id}].{key}"
@@ -182,7 +173,7 @@ class Placer:
                     f"actions[{a.id}].{key}: where the chunk is is not known at submission; name the device",
                     {"field": f"actions[{a.id}].{key}"},
                 )
-            return str(Device(node, kind or "dram"))
+            return Device(node, kind or "dram")
         self.load.exclude = {node} if node else set()
         try:
             return self.choose(a, key, None, "data", Auto(kind or "dram"))
@@ -195,16 +186,22 @@ class Placer:
             return set()
         nodes = {node for node, bits in self.held.get((name, tier), {}).items() if bits & self.anc}
         model = self.models.get(name)
-        ready = [loc.device for loc in (model.locations if model else []) if loc.status == "ready"]
-        return nodes | {str(d.node) for d in map(Device.parse, ready) if d.tier == tier}
+        return nodes | {
+            loc.node for loc in (model.locations if model else []) if loc.status == "ready" and loc.tier == tier
+        }
 
 
-def place_workflow(wf: Workflow) -> dict[str, dict[str, Any]]:
-    """Resolve every `auto` device of `wf` in place; returns, per action, the placement decision of each field."""
-    if not any(is_auto(a.params.get(k)) for a in wf.actions for k in FIELDS.get(a.type, ())):
-        return {}
+def _at(loc: ModelLocation) -> Device:
+    """A registry row's device, from its node and tier columns."""
+    return Device(loc.node, loc.tier)
+
+
+def place_workflow(wf: Workflow) -> tuple[Workflow, dict[str, dict[str, Any]]]:
+    """`wf` with every `auto` device chosen, and per action the placement decision of each field."""
+    if not any(isinstance(a.device(k), Auto) for a in wf.actions for k in PLACED.get(a.type, ())):
+        return wf, {}
     placer = Placer(wf)
     for aid, bits in reach(placer.by_id, placer.ids, placer.ids):
         placer.anc = bits
         placer.place(placer.by_id[aid])
-    return placer.decisions
+    return wf.with_actions(placer.placed), placer.decisions

@@ -4,108 +4,47 @@ linear in the document and recursion-free: no aliases, bounded nesting, the grap
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+import marshmallow as ma
 import yaml
 
 from gswarm_tasks import names
 from gswarm_tasks.errors import InvalidRequest
 
-from .actions import OUTPUTS, Action, Errors, check_int, parse_action
+from ..scheduling.documents import parse_yaml
+from .actions import OUTPUTS, Errors
+from .document import Action, Workflow
+from .schemas import Choice, Number, Text, flatten, parse_action
 from .urls import check_url_fields, node_hosts
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-TOP = {"name", "description", "queue_config", "actions", "fail_fast", "version"}
-QUEUE_CONFIG = {"max_concurrent_tasks", "enable_resource_tracking", "resource_tracking", "priority_levels"}
 MAX_DOCUMENT_BYTES = 8 * 1024 * 1024
-MAX_DEPTH = 64
 MAX_ACTIONS = 10_000
-_YAML = "tag:yaml.org,2002:"
-_SCALARS = {_YAML + t for t in ("str", "int", "float", "bool", "null")}
-_COLLECTIONS = {None, "!", _YAML + "map", _YAML + "seq"}
 
 
-@dataclass
-class Workflow:
-    name: str
-    description: str
-    queue_config: dict[str, Any]
-    fail_fast: bool
-    actions: list[Action]
-
-    def by_id(self) -> dict[str, Action]:
-        return {a.id: a for a in self.actions}
+class QueueConfigSchema(ma.Schema):
+    error_messages = {"unknown": "unknown field"}
+    max_concurrent_tasks = Number(1, 100_000, integer=True)
+    # The original's switches: always on here.
+    enable_resource_tracking = Choice((True,), "always on: a step that loads onto or serves on a GPU holds it (leases)")
+    resource_tracking = Choice((True,), "always on: a step that loads onto or serves on a GPU holds it (leases)")
+    priority_levels = Choice((list(names.PRIORITY_NAMES),), f"the levels are fixed: {', '.join(names.PRIORITY_NAMES)}")
 
 
-def _refuse(why: str, event: Any = None) -> InvalidRequest:
-    where = f" (line {event.start_mark.line + 1})" if event is not None and event.start_mark is not None else ""
-    return InvalidRequest(f"document: {why}{where}", {"field": "document"})
+class WorkflowSchema(ma.Schema):
+    """The document's top level; its actions are loaded one by one by their type's schema (`schemas`)."""
+
+    error_messages = {"unknown": "unknown top-level field"}
+    name = Text(200, required=True)
+    description = ma.fields.Raw(allow_none=True)
+    queue_config = ma.fields.Nested(QueueConfigSchema, allow_none=True, error_messages={"type": "must be a mapping"})
+    actions = ma.fields.Raw(allow_none=True)
+    fail_fast = ma.fields.Raw(allow_none=True)
+    version = ma.fields.Raw(allow_none=True)
 
 
-def _scalar(loader: Any, ev: yaml.ScalarEvent) -> Any:
-    """A scalar as the safe loader reads it; a date stays the text it was (JSON has none), and only plain tags
-    are taken (no merge keys, binaries or sets)."""
-    tag = loader.resolve(yaml.ScalarNode, ev.value, ev.implicit) if ev.tag in (None, "!") else ev.tag
-    if tag == _YAML + "timestamp":
-        return ev.value
-    if tag == _YAML + "merge":
-        raise _refuse("merge keys (<<) are not allowed", ev)
-    if tag not in _SCALARS:
-        raise _refuse(f"the tag {tag} is not allowed", ev)
-    value = loader.yaml_constructors[tag](loader, yaml.ScalarNode(tag, ev.value, style=ev.style))
-    if isinstance(value, float) and not math.isfinite(value):
-        raise _refuse(f"{ev.value!r} is not a finite number", ev)
-    return value
-
-
-def _build(loader: Any) -> Any:
-    """The document from the parser's events, without recursion: aliases and anchors are refused before anything
-    is expanded, and nesting deeper than MAX_DEPTH stops the parse at once."""
-    stack: list[tuple[list[Any] | dict[str, Any], list[Any]]] = []  # (container, [pending key] for mappings)
-    root: Any = None
-    documents = 0
-    while loader.check_event():
-        ev = loader.get_event()
-        if isinstance(ev, yaml.AliasEvent):
-            raise _refuse(f"aliases (*{ev.anchor}) are not allowed", ev)
-        if getattr(ev, "anchor", None) is not None:
-            raise _refuse(f"anchors (&{ev.anchor}) are not allowed", ev)
-        if isinstance(ev, yaml.DocumentStartEvent):
-            documents += 1
-            if documents > 1:
-                raise _refuse("one document only (found a second `---`)", ev)
-            continue
-        if isinstance(ev, yaml.SequenceEndEvent | yaml.MappingEndEvent):
-            stack.pop()
-            continue
-        if isinstance(ev, yaml.ScalarEvent):
-            value: Any = _scalar(loader, ev)
-        elif isinstance(ev, yaml.SequenceStartEvent | yaml.MappingStartEvent):
-            if ev.tag not in _COLLECTIONS:
-                raise _refuse(f"the tag {ev.tag} is not allowed", ev)
-            value = [] if isinstance(ev, yaml.SequenceStartEvent) else {}
-        else:
-            continue  # stream start and end, document end
-        if not stack:
-            root = value
-        else:
-            parent, key = stack[-1]
-            if isinstance(parent, list):
-                parent.append(value)
-            elif not key:
-                if not isinstance(value, str):
-                    raise _refuse("mapping keys must be strings", ev)
-                key.append(value)
-            else:
-                parent[key.pop()] = value
-        if isinstance(value, list | dict):
-            if len(stack) >= MAX_DEPTH:
-                raise _refuse(f"nested deeper than {MAX_DEPTH} levels", ev)
-            stack.append((value, []))
-    return root
+_TOP = WorkflowSchema()
 
 
 def load_document(text: str | bytes) -> dict[str, Any]:
@@ -113,19 +52,18 @@ def load_document(text: str | bytes) -> dict[str, Any]:
     nested at most MAX_DEPTH deep; anything else is INVALID_REQUEST."""
     if len(text) > MAX_DOCUMENT_BYTES:
         raise InvalidRequest(f"document: larger than {MAX_DOCUMENT_BYTES // (1024 * 1024)} MiB", {"field": "document"})
-    loader = _Loader(text)
     try:
-        doc = _build(loader)
+        doc = parse_yaml(text, json_values=True)  # libyaml's events, without recursion (scheduling reads its files so)
+    except ValueError as exc:
+        raise InvalidRequest(f"document: {exc}", {"field": "document"}) from None
     except yaml.YAMLError as exc:
         raise InvalidRequest(f"document: not valid YAML or JSON: {exc}"[:500], {"field": "document"}) from exc
-    finally:
-        loader.dispose()
     if not isinstance(doc, dict):
         raise InvalidRequest("document: the top level must be a mapping", {"field": "document"})
     return doc
 
 
-def order_and_cycle(actions: dict[str, Action]) -> tuple[list[str], list[str] | None]:
+def order_and_cycle(actions: Mapping[str, Action]) -> tuple[list[str], list[str] | None]:
     """The actions in dependency order (each after everything it depends on, else in listing order), and the first
     dependency cycle found, if any; depth-first without recursion, so any order of any length is fine."""
     order: list[str] = []
@@ -161,7 +99,7 @@ def order_and_cycle(actions: dict[str, Action]) -> tuple[list[str], list[str] | 
 
 
 def reach(
-    actions: dict[str, Action], order: list[str], targets: list[str], askers: set[str] | None = None
+    actions: Mapping[str, Action], order: list[str], targets: list[str], askers: set[str] | None = None
 ) -> Iterator[tuple[str, int]]:
     """Per action in `order`: which of `targets` it depends on, directly or not, as bits (bit i: targets[i]).
 
@@ -195,15 +133,15 @@ def first_serves(wf: Workflow) -> dict[str, str]:
     """Per inference that names only a model: the first serve of that model (in listing order) it depends on."""
     serves = [a for a in wf.actions if a.type == "serve"]
     askers = {
-        a.id: a.params.get("model_name")
+        a.id: a.fields.get("model_name")
         for a in wf.actions
-        if a.type == "inference" and not a.params.get("service_url") and not a.params.get("service")
+        if a.type == "inference" and not a.fields.get("service_url") and not a.fields.get("service")
     }
     if not serves or not askers:
         return {}
     masks: dict[Any, int] = {}
     for i, b in enumerate(serves):
-        masks[b.params.get("model_name")] = masks.get(b.params.get("model_name"), 0) | 1 << i
+        masks[b.fields.get("model_name")] = masks.get(b.fields.get("model_name"), 0) | 1 << i
     by_id = wf.by_id()
     out = {}
     for aid, bits in reach(by_id, order_and_cycle(by_id)[0], [b.id for b in serves], set(askers)):
@@ -213,13 +151,15 @@ def first_serves(wf: Workflow) -> dict[str, str]:
     return out
 
 
-def _check_refs(errors: Errors, actions: dict[str, Action], order: list[str]) -> None:
+def _check_refs(errors: Errors, actions: dict[str, Action], order: list[str], refused: set[str]) -> None:
     """Every `${step.field}` names an action this one depends on and an output that action has. A reference to
     a direct dependency is settled at once; the others are looked up in one `reach` pass."""
     far: dict[str, list[tuple[str, str, str]]] = {}
     for a in actions.values():
         direct = set(a.deps)
         for path, step, fld in a.refs:
+            if step in refused:
+                continue  # refused for its own fields already
             if step not in actions:
                 errors.add(path, f"`${{{step}.{fld}}}` names no action of this workflow")
             elif step in direct:
@@ -237,32 +177,24 @@ def _check_refs(errors: Errors, actions: dict[str, Action], order: list[str]) ->
 
 
 def _check_output(errors: Errors, b: Action, path: str, fld: str) -> None:
-    custom = (b.params.get("outputs") or {}) if b.type == "noop" else {}
+    custom = (b.fields.get("outputs") or {}) if b.type == "noop" else {}
     if fld != "output" and fld not in OUTPUTS[b.type] and fld not in custom:
         errors.add(path, f"`${{{b.id}.{fld}}}`: a {b.type} action has no output {fld!r}")
 
 
-def validate(doc: dict[str, Any], task_timeout_s: float = 3600) -> Workflow:
-    """Check the whole document and return it normalized; raise one InvalidRequest listing every problem."""
+def _top(errors: Errors, doc: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return dict(_TOP.load(doc))
+    except ma.ValidationError as exc:
+        for path, message in flatten("", exc.messages):
+            errors.add(path, message)
+        return {}
+
+
+def validate(doc: Mapping[str, Any], task_timeout_s: float = 3600) -> Workflow:
+    """The document parsed into a typed Workflow; one InvalidRequest listing every problem."""
     errors = Errors()
-    for key in sorted(set(doc) - TOP):
-        errors.add(key, "unknown top-level field")
-    name = doc.get("name")
-    if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        errors.add("name", "required (a string up to 200 characters)")
-    qc = doc.get("queue_config") or {}
-    if not isinstance(qc, dict):
-        errors.add("queue_config", "must be a mapping")
-        qc = {}
-    for key in sorted(set(qc) - QUEUE_CONFIG):
-        errors.add(f"queue_config.{key}", "unknown field")
-    if "max_concurrent_tasks" in qc:
-        check_int(errors, "queue_config.max_concurrent_tasks", qc["max_concurrent_tasks"], 1, 100_000)
-    for key in ("enable_resource_tracking", "resource_tracking"):  # the original's switch: always on here
-        if key in qc and qc[key] is not True:
-            errors.add(f"queue_config.{key}", "always on: a step that loads onto or serves on a GPU holds it (leases)")
-    if "priority_levels" in qc and qc["priority_levels"] != list(names.PRIORITY_NAMES):
-        errors.add("queue_config.priority_levels", f"the levels are fixed: {', '.join(names.PRIORITY_NAMES)}")
+    top = _top(errors, doc)
     raw_actions = doc.get("actions")
     if not isinstance(raw_actions, list) or not raw_actions:
         errors.add("actions", "required: a non-empty list")
@@ -271,17 +203,18 @@ def validate(doc: dict[str, Any], task_timeout_s: float = 3600) -> Workflow:
         errors.add("actions", f"at most {MAX_ACTIONS:,} actions")
         errors.raise_if_any()
     actions: dict[str, Action] = {}
+    refused: set[str] = set()  # actions refused for their own fields: named, but not checked as a graph
     for i, raw in enumerate(raw_actions):
-        a = parse_action(errors, i, raw, task_timeout_s)
-        if a is None:
-            continue
-        if a.id in actions:
-            errors.add(f"actions[{a.id}].action_id", "duplicate action id")
-            continue
-        actions[a.id] = a
+        aid, a = parse_action(errors, i, raw, task_timeout_s)
+        if aid is not None and (aid in actions or aid in refused):
+            errors.add(f"actions[{aid}].action_id", "duplicate action id")
+        elif a is not None:
+            actions[a.id] = a
+        elif aid is not None:
+            refused.add(aid)
     for a in actions.values():
         for d in a.deps:
-            if d not in actions:
+            if d not in actions and d not in refused:
                 errors.add(f"actions[{a.id}].dependencies", f"{d!r} is not an action of this workflow")
             if d == a.id:
                 errors.add(f"actions[{a.id}].dependencies", "an action cannot depend on itself")
@@ -289,14 +222,14 @@ def validate(doc: dict[str, Any], task_timeout_s: float = 3600) -> Workflow:
     if cycle:
         errors.add(f"actions[{cycle[0]}].dependencies", f"dependency cycle: {' -> '.join(cycle)}")
     else:
-        node_hosts(errors, actions)  # `http://node1:8080` where a serve starts one: a reference to that serve
-        _check_refs(errors, actions, order)
+        actions.update(node_hosts(errors, actions))  # `http://node1:8080` where a serve starts one: a reference
+        _check_refs(errors, actions, order, refused)
         check_url_fields(errors, actions)
     errors.raise_if_any()
     return Workflow(
-        str(name),
-        str(doc.get("description") or ""),
-        dict(qc),
-        bool(doc.get("fail_fast", False)),
-        list(actions.values()),
+        str(top["name"]),
+        str(top.get("description") or ""),
+        dict(top.get("queue_config") or {}),
+        bool(top.get("fail_fast", False)),
+        tuple(actions.values()),
     )

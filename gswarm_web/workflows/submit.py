@@ -19,11 +19,13 @@ from ..control import service_state
 from ..control.dispatch import forget_recorded, peer_source
 from ..extensions import db, settings
 from ..tables import Model, Node, NodeGpu, TaskRecord, WorkflowRun
+from .actions import MODEL_ACTIONS
 from .compiler import segments, step_device, step_queue
 from .data import prepare_data
 from .dispatcher import Sends, advance, send
+from .document import Action, Workflow
 from .placing import place_workflow
-from .spec import Workflow, validate
+from .spec import validate
 from .urls import allowed_origins, chosen_origins, fleet_node_hosts
 
 
@@ -46,12 +48,12 @@ def plan(doc: dict[str, Any]) -> Plan:
     """Every check and every write of a submission, in the open transaction: validation, the fleet's nodes, the
     registry, sources, URLs, placement, chunks. Raises (422, 404, 409 naming the action and field) on the first
     thing refused; the caller commits (submit) or rolls back (validate)."""
-    wf = validate(doc, settings().task_timeout_s)
-    fleet_node_hosts(wf.actions)
+    wf = validate(doc, settings().task_timeout_s)  # the one parse: typed from here on
+    wf = wf.with_actions(fleet_node_hosts(wf.actions))
     origins = allowed_origins(wf.actions)
     nodes = {n.name: n for n in db.session.scalars(db.select(Node))}
     _register_models(wf)
-    placements = place_workflow(wf)
+    wf, placements = place_workflow(wf)
     for a in wf.actions:
         q = step_queue(a)
         if q != names.CONTROL_QUEUE and q not in nodes:
@@ -122,7 +124,7 @@ def check(doc: dict[str, Any]) -> dict[str, Any]:
             "chains": len({r["segment"] for r in p.rows}),
             "steps": steps,
             "placement": p.placements,
-            "warnings": _warnings(p.rows),
+            "warnings": _warnings(p.wf),
         }
     finally:
         db.session.rollback()
@@ -130,26 +132,27 @@ def check(doc: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
-def _warnings(rows: list[dict[str, Any]]) -> list[str]:
+def _warnings(wf: Workflow) -> list[str]:
     """What will fail when it runs unless the fleet changes first: a GPU its node does not report."""
     gpus: dict[str, set[int]] = defaultdict(set)
     for node, index in db.session.execute(db.select(NodeGpu.node_name, NodeGpu.index)):
         gpus[str(node)].add(int(index))
     out = []
-    for r in rows:
-        for key in ("device", "target_device"):
-            dev = r.get(key)
-            if not isinstance(dev, str) or "${" in dev or ":" not in dev:
-                continue
-            d = Device.parse(dev)
-            if d.is_gpu and d.gpu_index not in gpus.get(str(d.node), set()):
+    for a in _in_steps(wf):
+        for key, d in (("device", step_device(a)), ("target_device", a.device("target_device"))):
+            if isinstance(d, Device) and d.is_gpu and d.gpu_index not in gpus.get(str(d.node), set()):
                 have = sorted(gpus.get(str(d.node), set()))
                 out.append(
-                    f"actions[{r['step_id']}].{key}: {d.node} reports "
+                    f"actions[{a.id}].{key}: {d.node} reports "
                     f"{'GPUs ' + str(have) if have else 'no GPU'}; the step fails with RESOURCE_UNAVAILABLE unless "
-                    f"{dev} is there when it runs"
+                    f"{d} is there when it runs"
                 )
     return out
+
+
+def _in_steps(wf: Workflow) -> list[Action]:
+    """The actions in the order their step rows are written (chain by chain)."""
+    return [a for seg in segments(wf) for a in seg]
 
 
 class _RowView:
@@ -164,25 +167,25 @@ class _RowView:
 
 def _register_models(wf: Workflow) -> None:
     known = {m.name for m in db.session.scalars(db.select(Model))}
-    downloaded = {a.params.get("model_name") for a in wf.actions if a.type == "download"}
+    downloaded = {a.text("model_name") for a in wf.actions if a.type == "download"}
     for a in wf.actions:
-        name = a.params.get("model_name")
-        if a.type not in ("download", "move", "copy", "delete", "serve", "stop_serve") or not isinstance(name, str):
+        name = a.text("model_name")
+        if a.type not in MODEL_ACTIONS or name is None:
             continue
         if name in known:
             continue
         if a.type == "download":
-            if not a.params.get("source_url"):
+            if not a.fields.get("source_url"):
                 raise InvalidRequest(
                     f"actions[{a.id}].source_url: {name} is not registered, so the download needs a source_url",
                     {"field": f"actions[{a.id}].source_url"},
                 )
-            parse_source(a.params["source_url"], settings().allowed_roots, f"actions[{a.id}].source_url")
+            parse_source(a.fields["source_url"], settings().allowed_roots, f"actions[{a.id}].source_url")
             db.session.add(
                 Model(
                     name=name,
-                    model_type=str(a.params.get("model_type") or "unknown"),
-                    source_url=a.params["source_url"],
+                    model_type=str(a.fields.get("model_type") or "unknown"),
+                    source_url=a.fields["source_url"],
                     locations=[],
                 )
             )
@@ -205,10 +208,9 @@ def _fanout(wf: Workflow, segs: list[list[Any]]) -> dict[str, list[str]]:
     return fanout
 
 
-def _service_row(model: Model, params: dict[str, Any]) -> str:
+def _service_row(model: Model, dev: Device, params: dict[str, Any]) -> str:
     """The service a serve step starts (one replica on its device, `pending` until the step runs); returns the
     replica's id, which is the id the node runs it under."""
-    dev = Device.parse(params["device"])
     config = {**(params.get("config") or {}), **(params.get("service_config") or {})}
     svc = service_state.create(
         model, str(dev), 1, params.get("port"), str(config.get("backend", "builtin")), config=config, status="pending"
@@ -217,20 +219,21 @@ def _service_row(model: Model, params: dict[str, Any]) -> str:
 
 
 def _step_params(
-    a: Any, models: dict[str, Model], nodes: dict[str, Node], data_extra: dict[str, Any], ttl: float
+    a: Action, models: dict[str, Model], nodes: dict[str, Node], data_extra: dict[str, Any], ttl: float
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the action's parameters as its step runs them, what the step needs besides: service, source, chunks)."""
     params = dict(a.params)
-    model_name = params.get("model_name") if isinstance(params.get("model_name"), str) else None
+    model_name = a.text("model_name")
     if a.type == "download" and not params.get("source_url") and model_name in models:
         params["source_url"] = models[model_name].source_url
     extra: dict[str, Any] = dict(data_extra.get(a.id) or {})
     params.update(extra.pop("params", {}))
-    if a.type == "serve" and model_name in models:
+    dev = a.device("device")
+    if a.type == "serve" and model_name in models and isinstance(dev, Device):
         model = models[model_name]
-        extra.update(service_id=_service_row(model, params), trust_remote_code=model.trust_remote_code)
-    if a.type in ("copy", "move") and "${" not in str(params.get("source_device")):
-        src, dst = Device.parse(params["source_device"]), Device.parse(params["target_device"])
+        extra.update(service_id=_service_row(model, dev, params), trust_remote_code=model.trust_remote_code)
+    src, dst = a.device("source_device"), a.device("target_device")
+    if a.type in ("copy", "move") and isinstance(src, Device) and isinstance(dst, Device):
         if a.type == "copy" or src.node != dst.node:
             extra["source"] = _source(nodes, src, str(dst.node), str(model_name), ttl)
     return params, extra
@@ -255,11 +258,11 @@ def _step_rows(
                     "state": "pending",
                     "node": step_queue(a),
                     "priority": a.priority,
-                    "model_name": params.get("model_name") if isinstance(params.get("model_name"), str) else None,
+                    "model_name": a.text("model_name"),
                     "service_id": extra.get("service_id"),
                     "source_device": params.get("source_device"),
                     "target_device": params.get("target_device"),
-                    "device": step_device(a),
+                    "device": _text(step_device(a)),
                     "params": {
                         "params": params,
                         "retries": a.retries,
@@ -281,6 +284,10 @@ def _step_rows(
                 }
             )
     return rows
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _source(nodes: dict[str, Node], src: Device, dest_node: str, model: str, ttl: float) -> dict[str, Any]:

@@ -19,7 +19,8 @@ from gswarm_tasks.urls import Allow, Url, parse_url, service_ref
 from ..control.service_state import LIVE
 from ..extensions import db, settings
 from ..tables import Node, Replica
-from .actions import REF_RE, Action, Errors, is_auto
+from .actions import Errors
+from .document import Action, Ref
 
 URL_FIELDS = {"health_check": ("target_url",), "inference": ("service_url", "service")}
 ENDPOINT_RE = re.compile(r"/?[A-Za-z0-9._~-]+(?:/[A-Za-z0-9._~-]+)*")
@@ -44,28 +45,26 @@ def _check_literal(errors: Errors, where: str, key: str, value: str) -> None:
 
 def _served_at(a: Action) -> tuple[str, int] | None:
     """(node, port) a serve action names: a device on a node and a literal port."""
-    dev, port = a.params.get("device"), a.params.get("port")
-    if a.type != "serve" or not isinstance(dev, str) or REF_RE.search(dev) or is_auto(dev) or not isinstance(port, int):
+    dev, port = a.device("device"), a.fields.get("port")
+    if a.type != "serve" or not isinstance(dev, Device) or dev.node is None or not isinstance(port, int):
         return None
-    try:
-        node = Device.parse(dev).node
-    except GswarmError:
-        return None
-    return (node, port) if node else None
+    return dev.node, port
 
 
-def node_hosts(errors: Errors, actions: dict[str, Action]) -> None:
+def node_hosts(errors: Errors, actions: dict[str, Action]) -> dict[str, Action]:
     """`http://node1:8080/path` where a serve action of this workflow starts a server on node1 with `port: 8080`
-    becomes `${that_serve.service_url}/path` (checked like any reference: the action must depend on it)."""
+    becomes `${that_serve.service_url}/path` (checked like any reference: the action must depend on it). Returns
+    the actions so changed."""
     serves: dict[tuple[str, int], list[Action]] = {}
     for a in actions.values():
         if (at := _served_at(a)) is not None:
             serves.setdefault(at, []).append(a)
+    changed: dict[str, Action] = {}
     if not serves:
-        return
+        return changed
     for a in actions.values():
         for key in URL_FIELDS.get(a.type, ()):
-            value = a.params.get(key)
+            value = a.fields.get(key)
             if not isinstance(value, str) or "${" in value:
                 continue
             try:
@@ -80,8 +79,9 @@ def node_hosts(errors: Errors, actions: dict[str, Action]) -> None:
                 errors.add(where, f"{url.host}:{url.port} is served by {', '.join(b.id for b in found)}; name one "
                                   f"with ${{{found[0].id}.service_url}}")  # fmt: skip
             elif found:
-                a.params[key] = f"${{{found[0].id}.service_url}}{_path(url)}"
-                a.refs.append((f"actions[{a.id}].{key}", found[0].id, "service_url"))
+                ref = Ref(found[0].id, "service_url", f"{found[0].id}.service_url")
+                a = changed[a.id] = a.with_fields({key: f"{ref}{_path(url)}"}, (f"actions[{a.id}].{key}", ref))
+    return changed
 
 
 def _path(url: Url) -> str:
@@ -92,7 +92,7 @@ def check_url_fields(errors: Errors, actions: dict[str, Action]) -> None:
     """Each URL field is a URL the one parser accepts, or a serve action's `service_url` and a path after it."""
     for a in actions.values():
         for key in URL_FIELDS.get(a.type, ()):
-            value = a.params.get(key)
+            value = a.fields.get(key)
             where = f"actions[{a.id}].{key}"
             if value is None:
                 continue
@@ -102,7 +102,7 @@ def check_url_fields(errors: Errors, actions: dict[str, Action]) -> None:
                 _check_template(errors, actions, where, key, value)
             else:
                 _check_literal(errors, where, key, value)
-        endpoint = a.params.get("endpoint") if a.type == "inference" else None
+        endpoint = a.fields.get("endpoint") if a.type == "inference" else None
         if endpoint is not None and (
             not isinstance(endpoint, str) or not ENDPOINT_RE.fullmatch(endpoint) or ".." in endpoint.split("/")
         ):
@@ -130,21 +130,18 @@ def replicas_by_node_port() -> dict[tuple[str, int], str]:
     return {(str(node), int(port)): str(url) for node, port, url in rows}
 
 
-def fleet_node_hosts(actions: list[Action]) -> None:
+def fleet_node_hosts(actions: tuple[Action, ...]) -> dict[str, Action]:
     """At submission: a literal URL naming a node of the fleet and a port is that node's replica on the port (its
-    real address); one that names a node where nothing serves on that port is refused, saying what to write."""
-    literal = [
-        (a, key, parse_url(a.params[key], f"actions[{a.id}].{key}"))
-        for a in actions
-        for key in URL_FIELDS.get(a.type, ())
-        if isinstance(a.params.get(key), str) and "${" not in a.params[key]
-    ]
+    real address); one that names a node where nothing serves on that port is refused, saying what to write.
+    Returns the actions so changed."""
+    literal = [(a, key, parse_url(value, f"actions[{a.id}].{key}")) for a, key, value in _literal_urls(actions)]
     hosts = {url.host for _, _, url in literal}
+    changed: dict[str, Action] = {}
     if not literal or not hosts:
-        return
+        return changed
     nodes = set(db.session.scalars(db.select(Node.name).where(Node.name.in_(hosts))))
     if not nodes:
-        return
+        return changed
     replicas = replicas_by_node_port()
     allow = Allow.of(settings().workflows_allowed_hosts, "workflows.allowed_hosts")
     for a, key, url in literal:
@@ -159,20 +156,26 @@ def fleet_node_hosts(actions: list[Action]) -> None:
                 "${<serve action>.service_url} to call the service a serve action starts)",
                 {"field": where, "value": str(url)},
             )
-        a.params[key] = base.rstrip("/") + _path(url)
+        changed[a.id] = changed.get(a.id, a).with_fields({key: base.rstrip("/") + _path(url)})
+    return changed
 
 
-def allowed_origins(actions: list[Action]) -> dict[str, list[str]]:
+def _literal_urls(actions: tuple[Action, ...]) -> list[tuple[Action, str, str]]:
+    """(action, field, URL) for every URL field written as a literal URL (not a reference)."""
+    return [
+        (a, key, value)
+        for a in actions
+        for key in URL_FIELDS.get(a.type, ())
+        if isinstance(value := a.fields.get(key), str) and "${" not in value
+    ]
+
+
+def allowed_origins(actions: tuple[Action, ...]) -> dict[str, list[str]]:
     """Check every literal URL of the workflow at submission; per action, the replica origins it may reach.
 
     Refuses (422 naming `actions[<id>].<field>`) a URL that is neither a known replica nor in
     workflows.allowed_hosts, before anything is written."""
-    literal: list[tuple[Action, str, Any]] = [
-        (a, key, a.params[key])
-        for a in actions
-        for key in URL_FIELDS.get(a.type, ())
-        if isinstance(a.params.get(key), str) and "${" not in a.params[key]
-    ]
+    literal = _literal_urls(actions)
     if not literal:
         return {}
     replicas = replica_origins()
