@@ -29,18 +29,12 @@ ONE_OF: dict[str, list[tuple[str, tuple[str, ...], str]]] = {
         ("service_url", ("service_url", "service", "model_name"), "required (service_url, service or model_name)"),
     ],
 }
+# Required besides the device fields placement fills when they are left out (`AUTO_DEFAULTS`).
 NEEDS: dict[str, tuple[str, ...]] = {
-    "download": ("target_device",),
-    "move": ("source_device", "target_device"),
-    "copy": ("source_device", "target_device"),
-    "serve": ("device",),
     "delete": ("device",),
     "health_check": ("target_url",),  # its form is checked by `urls.check_url_fields`
-    "data_create": ("target_device",),
     "data_move": ("data_id", "target_device"),
     "data_transfer": ("data_id",),
-    "inference": ("output_device",),
-    "data_merge": ("output_device",),
 }
 
 
@@ -50,7 +44,7 @@ def _given(p: dict[str, Any], key: str) -> bool:
 
 def rules(atype: str, p: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """(field, problem) for each rule of `atype` that the loaded fields `p` break."""
-    for key in ("model_name",) * (atype in MODEL_ACTIONS) + NEEDS.get(atype, ()):
+    for key in ("model_name",) * (atype in MODEL_ACTIONS) + AUTO_DEFAULTS.get(atype, ()) + NEEDS.get(atype, ()):
         if not _given(p, key):
             yield key, f"required for a {atype} action"
     for key, alternatives, message in ONE_OF.get(atype, ()):

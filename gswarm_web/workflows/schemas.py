@@ -7,7 +7,7 @@ one of that action type's (`actions[a].colour: unknown field for a noop action`)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -56,35 +56,33 @@ class Number(_Checked):
         return value if self.integer else float(value)
 
 
-class Choice(_Checked):
-    def __init__(self, choices: tuple[Any, ...], message: str, **kw: Any) -> None:
-        self.choices = choices
+class Is(_Checked):
+    """A value `ok` accepts, kept as it is."""
+
+    def __init__(self, ok: Callable[[Any], bool], message: str, **kw: Any) -> None:
+        self.ok = ok
         super().__init__(message, **kw)
 
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kw: Any) -> Any:
-        if value not in self.choices:
+        if not self.ok(value):
             raise self.fail()
         return value
 
 
-class Text(_Checked):
-    def __init__(self, longest: int, **kw: Any) -> None:
-        self.longest = longest
-        super().__init__(f"required (a string up to {longest} characters)", **kw)
-
-    def _deserialize(self, value: Any, attr: str | None, data: Any, **kw: Any) -> Any:
-        if not isinstance(value, str) or not value.strip() or len(value) > self.longest:
-            raise self.fail()
-        return value
+def Choice(choices: tuple[Any, ...], message: str, **kw: Any) -> Is:  # noqa: N802 (a field, as marshmallow's are)
+    return Is(lambda v: v in choices, message, **kw)
 
 
-class Mapping(_Checked):
-    message = "must be a mapping"
+def Text(longest: int, **kw: Any) -> Is:  # noqa: N802
+    return Is(
+        lambda v: isinstance(v, str) and bool(v.strip()) and len(v) <= longest,
+        f"required (a string up to {longest} characters)",
+        **kw,
+    )
 
-    def _deserialize(self, value: Any, attr: str | None, data: Any, **kw: Any) -> Any:
-        if not isinstance(value, dict):
-            raise self.fail()
-        return value
+
+def Mapping() -> Is:  # noqa: N802
+    return Is(lambda v: isinstance(v, dict), "must be a mapping")
 
 
 class Target(_Checked):
