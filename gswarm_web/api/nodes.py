@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import marshmallow as ma
+from flask import Response, jsonify
 from flask.views import MethodView
 from flask_smorest import Blueprint
 from sqlalchemy.orm import defer
@@ -20,12 +21,13 @@ from ..control.node_state import (
     DeclaredNode,
     declaration,
     missing_nodes,
+    node_rows,
     node_status,
     status_clause,
 )
 from ..extensions import db, settings
 from ..tables import Node
-from .pagination import PageArgsSchema, PageSchema, page_of
+from .pagination import PageArgsSchema, PageSchema
 
 blp = Blueprint("nodes", __name__, url_prefix="/api/v1", description="Nodes of the fleet and their resources")
 
@@ -91,6 +93,35 @@ class NodeListSchema(PageSchema):
     nodes = ma.fields.List(ma.fields.Nested(NodeSchema))
 
 
+def _iso(v: datetime | None) -> str | None:
+    return None if v is None else v.isoformat()
+
+
+def _opt(kind: type, v: Any) -> Any:
+    return None if v is None else kind(v)
+
+
+def listed_nodes(rows: list[Any], gpus: dict[str, list[Any]], declared: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """NodeSchema's answer for rows of `node_rows`, built directly (the same keys and values as its dump)."""
+    now = datetime.now(UTC)
+    timeouts = _timeouts()
+    out = []
+    for r in rows:
+        out.append({
+            "name": r.name, "status": node_status(r, now, *timeouts), "hostname": r.hostname, "address": r.address,
+            "worker": r.worker, "version": r.version, "last_seen": _iso(r.last_seen), "first_seen": _iso(r.first_seen),
+            "started_at": _iso(r.started_at), "seconds_since_seen": round((now - r.last_seen).total_seconds(), 3),
+            "cpu_count": _opt(int, r.cpu_count), "cpu_percent": _opt(float, r.cpu_percent),
+            "dram_total_bytes": _opt(int, r.dram_total_bytes),
+            "dram_available_bytes": _opt(int, r.dram_available_bytes),
+            "storage": r.storage, "file_port": _opt(int, r.file_port), "frames_dropped": _opt(int, r.frames_dropped),
+            "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name,
+                      "memory_total_bytes": _opt(int, g.memory_total_bytes)} for g in gpus.get(r.name, ())],
+            "declared": declaration(declared, r.name),
+        })  # fmt: skip
+    return out
+
+
 def get_node(name: str) -> Node:
     validate_node_name(name, "name")
     node = db.session.get(Node, name)
@@ -110,19 +141,22 @@ def _page(items: list[Any], args: dict[str, Any]) -> dict[str, Any]:
 class Nodes(MethodView):
     @blp.arguments(NodeListArgsSchema, location="query")
     @blp.response(200, NodeListSchema)
-    def get(self, args: dict[str, Any]) -> dict[str, Any]:
+    def get(self, args: dict[str, Any]) -> dict[str, Any] | Response:
         """List nodes with their GPUs, storage and status, and those config.yaml declares that have not joined
         (`missing`)"""
         status = args.get("status")
         missing = missing_nodes(settings().nodes) if status in (None, MISSING) else []
         if status == MISSING:
             return _page(missing, args)
+        where = None if status is None else status_clause(status, datetime.now(UTC), *_timeouts())
+        if not missing:  # rows, not ORM objects, and no field-by-field dump: at 1,000 nodes both cost most of the time
+            rows, gpus, total = node_rows(where, args["page"], args["per_page"])
+            listed = listed_nodes(rows, gpus, declared=settings().nodes)
+            return jsonify({"nodes": listed, "total": total, "page": args["page"], "per_page": args["per_page"]})
         # The live GPU numbers (`gpu_metrics`, a few KB a node) are not in this answer: not read, not decoded.
         query = db.select(Node).options(defer(Node.gpu_metrics)).order_by(Node.name)
-        if status is not None:
-            query = query.where(status_clause(status, datetime.now(UTC), *_timeouts()))
-        if not missing:
-            return page_of("nodes", query, args)
+        if where is not None:
+            query = query.where(where)
         return _page(sorted([*db.session.scalars(query), *missing], key=lambda n: n.name), args)
 
 

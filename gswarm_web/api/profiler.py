@@ -5,16 +5,17 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from flask import Response, stream_with_context
+from flask import Response, current_app, stream_with_context
 from flask.views import MethodView
 from flask_smorest import Blueprint
 from sqlalchemy.exc import IntegrityError
 
+from gswarm_tasks import names
 from gswarm_tasks.errors import Conflict, InvalidRequest, NotFound
 
 from ..control import session_import
 from ..control.frames import latest_frames
-from ..control.metrics import prometheus_text
+from ..control.metrics import MetricsCache
 from ..control.recovery import recoverable, resume_archive
 from ..control.serve_stats import prometheus_text as serving_text
 from ..control.session_state import (
@@ -239,7 +240,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text format eve
 
 def _prometheus() -> Response:
     client = redis_client()  # the fleet's GPUs and hosts, then what the gateway measured (serve_stats)
-    return Response(prometheus_text(latest_frames(client)) + serving_text(client), content_type=CONTENT_TYPE)
+    cache: MetricsCache = current_app.extensions.setdefault("gswarm.metrics", MetricsCache())  # this app's frames
+    frames = cache.text(lambda: client.hgetall(names.METRICS_LATEST_KEY))  # type: ignore[arg-type,return-value]
+    return Response(frames + serving_text(client), content_type=CONTENT_TYPE)
 
 
 @blp.route("/metrics")

@@ -3,8 +3,14 @@ its Grafana dashboard works unchanged, and host gauges of gswarm's own."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+FRAME_INTERVAL_S = 1.0  # a node sends a frame a second without a faster session: a cached body is never older
 
 # NVIDIA's DCGM exporter names and units, so its Grafana dashboards work unchanged (FB in MiB, power in W).
 DCGM = (
@@ -69,26 +75,83 @@ def _node_labels(node: str) -> str:
     return f'hostname="{_label(node)}",instance="{_label(node)}"'
 
 
+@dataclass
+class NodeText:
+    """One node's lines of every family (each line ending in a newline), made from one frame."""
+
+    gpu: list[str]  # per DCGM family
+    host: list[str]  # per HOST family
+    time: float  # the frame's, for gswarm_frame_age_seconds
+
+
+def node_text(node: str, frame: dict[str, Any]) -> NodeText:
+    """A node's lines: its GPUs' labels are made once for every family (8 GPUs x 9 families shared 8 label sets)."""
+    gpu = [[] for _ in DCGM]  # type: list[list[str]]
+    for g in frame.get("gpus") or []:
+        labels = _gpu_labels(node, g)
+        for out, (name, _, get) in zip(gpu, DCGM, strict=True):
+            value = get(g)
+            if value is not None:
+                out.append(f"{name}{{{labels}}} {float(value)}\n")
+    host = frame.get("host") or {}
+    node_labels = _node_labels(node)
+    host_lines = []
+    for name, _, key in HOST:
+        value = host.get(key)
+        host_lines.append(f"{name}{{{node_labels}}} {float(value)}\n" if isinstance(value, int | float) else "")
+    return NodeText(["".join(lines) for lines in gpu], host_lines, float(frame["time"]))
+
+
+def _headers(name: str, help_: str) -> str:
+    return f"# HELP {name} {help_}\n# TYPE {name} gauge\n"
+
+
+def render(texts: list[tuple[str, NodeText]], now: float) -> str:
+    """The exposition from every node's lines, nodes in name order (`texts` sorted by node)."""
+    parts: list[str] = []
+    for i, (name, help_, _) in enumerate(DCGM):
+        parts.append(_headers(name, help_))
+        parts += [t.gpu[i] for _, t in texts]
+    for i, (name, help_, _) in enumerate(HOST):
+        parts.append(_headers(name, help_))
+        parts += [t.host[i] for _, t in texts]
+    parts.append(_headers("gswarm_frame_age_seconds", "Seconds since the node's newest frame."))
+    parts += [f"gswarm_frame_age_seconds{{{_node_labels(n)}}} {round(now - t.time, 3)}\n" for n, t in texts]
+    return "".join(parts)
+
+
 def prometheus_text(latest: dict[str, dict[str, Any]]) -> str:
-    lines: list[str] = []
-    for name, help_, get in DCGM:
-        lines += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
-        for node, f in sorted(latest.items()):
-            for g in f.get("gpus") or []:
-                value = get(g)
-                if value is not None:
-                    lines.append(f"{name}{{{_gpu_labels(node, g)}}} {float(value)}")
-    for name, help_, key in HOST:
-        lines += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
-        for node, f in sorted(latest.items()):
-            value = (f.get("host") or {}).get(key)
-            if isinstance(value, int | float):
-                lines.append(f"{name}{{{_node_labels(node)}}} {float(value)}")
-    lines += [
-        "# HELP gswarm_frame_age_seconds Seconds since the node's newest frame.",
-        "# TYPE gswarm_frame_age_seconds gauge",
-    ]
-    now = time.time()
-    for node, f in sorted(latest.items()):
-        lines.append(f"gswarm_frame_age_seconds{{{_node_labels(node)}}} {round(now - float(f['time']), 3)}")
-    return "\n".join(lines) + "\n"
+    """The exposition of every node's newest frame."""
+    return render([(n, node_text(n, f)) for n, f in sorted(latest.items())], time.time())
+
+
+class MetricsCache:
+    """`/metrics` of the newest frames for one web process: each node's lines are kept with the frame (as stored,
+    bytes) they came from and made again only when that frame changes, and the whole body is read from Redis at most
+    once per `interval_s` (the frame period): scrapes within it share one read. The frame ages are computed at
+    every answer, so a cached answer still tells how old each frame is."""
+
+    def __init__(self, interval_s: float = FRAME_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._nodes: dict[str, tuple[bytes, NodeText]] = {}
+        self._texts: list[tuple[str, NodeText]] = []
+        self._read_at = -float("inf")
+
+    def text(self, read: Callable[[], dict[bytes, bytes]]) -> str:
+        """The exposition; `read` answers the stored frames (node -> JSON bytes), called at most once per interval."""
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.interval_s:
+                self._texts = self._refresh(read())
+                self._read_at = time.monotonic()
+            texts = self._texts
+        return render(texts, time.time())
+
+    def _refresh(self, raw: dict[bytes, bytes]) -> list[tuple[str, NodeText]]:
+        nodes: dict[str, tuple[bytes, NodeText]] = {}
+        for key, body in raw.items():
+            node = key.decode()
+            kept = self._nodes.get(node)
+            nodes[node] = kept if kept is not None and kept[0] == body else (body, node_text(node, json.loads(body)))
+        self._nodes = nodes
+        return [(n, nodes[n][1]) for n in sorted(nodes)]

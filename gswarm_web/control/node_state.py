@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_
+from sqlalchemy import and_, func, or_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import ColumnElement
 
@@ -67,7 +67,8 @@ def missing_nodes(declared: list[dict[str, Any]]) -> list[DeclaredNode]:
     return sorted((n for n in out if n.name not in joined), key=lambda n: n.name)
 
 
-def node_status(node: Node, now: datetime, timeout_s: float, offline_after_s: float) -> str:
+def node_status(node: Any, now: datetime, timeout_s: float, offline_after_s: float) -> str:
+    """`node`: a Node, or a row with its `state` and `last_seen`."""
     if node.state == "stopped":
         return "offline"
     age = (now - node.last_seen).total_seconds()
@@ -86,6 +87,37 @@ def status_clause(status: str, now: datetime, timeout_s: float, offline_after_s:
     if status == "unhealthy":
         return and_(running, Node.last_seen < fresh, Node.last_seen >= stale)
     return or_(Node.state == "stopped", Node.last_seen < stale)
+
+
+# What `GET /nodes` lists of a node: its columns but the live GPU numbers and the bookkeeping.
+LISTED_COLUMNS = tuple(
+    c
+    for c in Node.__table__.columns
+    if c.name not in ("gpu_metrics", "gpu_fingerprint", "updated_at", "status_recorded")
+)
+GPU_COLUMNS = (NodeGpu.node_name, NodeGpu.index, NodeGpu.uuid, NodeGpu.name, NodeGpu.memory_total_bytes)
+
+
+def node_rows(
+    where: ColumnElement[bool] | None, page: int, per_page: int
+) -> tuple[list[Any], dict[str, list[Any]], int]:
+    """One page of nodes by name as plain rows (no ORM objects: at 1,000 nodes x 8 GPUs building them was most of
+    `GET /nodes`), the page's GPUs per node in index order, and the total: three queries whatever the page's size."""
+    query = db.select(*LISTED_COLUMNS).order_by(Node.name)
+    count = db.select(func.count()).select_from(Node)
+    if where is not None:
+        query, count = query.where(where), count.where(where)
+    total = int(db.session.scalar(count) or 0)
+    offset = (page - 1) * per_page
+    if offset >= total:
+        return [], {}, total
+    rows = list(db.session.execute(query.limit(per_page).offset(offset)))
+    gpus: dict[str, list[Any]] = {}
+    if rows:
+        chosen = db.select(*GPU_COLUMNS).where(NodeGpu.node_name.in_([r.name for r in rows]))
+        for g in db.session.execute(chosen.order_by(NodeGpu.node_name, NodeGpu.index)):
+            gpus.setdefault(g.node_name, []).append(g)
+    return rows, gpus, total
 
 
 def _gpu_fingerprint(gpus: list[dict[str, Any]]) -> str:
