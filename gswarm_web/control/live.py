@@ -7,6 +7,11 @@ those at the service's `max_in_flight`), takes the one with the fewest requests 
 (ties in turn, by a shared counter), counts the request and answers the replicas' version. Each web process also
 keeps its own share under a key of its own while a lease it renews lives: the share of a process that died
 (gunicorn's timeout, SIGKILL) is taken back by `heal`, so a count cannot leak.
+
+A request's count-out (and its measures) is not sent on its response's path: it joins this process's outbox, which a
+flusher of its own sends in one pipelined round trip with whatever else finished meanwhile. With a keep-alive
+client the count-out had run before the next request was read, so both Redis round trips sat on every request's
+path. A count-out still in the outbox when its process dies is in the process's share, which `heal` takes back.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ log = logging.getLogger(__name__)
 
 LEASE_S = 15.0
 RENEW_EVERY_S = 5.0
+OUTBOX_MAX = 100_000  # count-outs kept while Redis is away (beyond it the oldest are dropped; heal cannot help)
+RETRY_S = 0.5  # a flush that failed is tried again after this long
 CHANGED = "gswarm_serve_changed"  # session.info key: a replica started or stopped serving in this transaction
 
 PICK = """
@@ -91,6 +98,9 @@ class Share:
         self.done_script: Any = client.register_script(DONE)
         self.renewing = False
         self.lock = threading.Lock()
+        self.outbox: list[tuple[list[str], list[Any]]] = []
+        self.wake = threading.Event()
+        self.flushing = False
 
     def renew(self) -> None:
         """Keep the lease alive while the process lives (a thread of its own, started at the first pick)."""
@@ -116,6 +126,53 @@ class Share:
         best, version = self.pick_script(keys=keys, args=[model, policy, cap, self.id, *candidates])
         chosen = best.decode() if isinstance(best, bytes) else None
         return chosen, version.decode() if isinstance(version, bytes) else str(version)
+
+    def count_out(self, keys: list[str], args: list[Any]) -> None:
+        """Queue a request's count-out (serve_stats.DONE with these keys and args) for the flusher to send."""
+        with self.lock:
+            self.outbox.append((keys, args))
+            if len(self.outbox) > OUTBOX_MAX:
+                del self.outbox[: len(self.outbox) - OUTBOX_MAX]
+            if not self.flushing:
+                self.flushing = True
+                threading.Thread(target=self._flush_forever, name="gswarm-serve-outbox", daemon=True).start()
+        self.wake.set()
+
+    def flush(self) -> int:
+        """Send every queued count-out in one pipelined round trip; how many (put back if Redis failed)."""
+        with self.lock:
+            batch, self.outbox = self.outbox, []
+        if not batch:
+            return 0
+        try:
+            try:
+                self._send(batch)
+            except redis.exceptions.NoScriptError:  # Redis restarted: load the script, then send again
+                self.done_script.sha = self.client.script_load(DONE)
+                self._send(batch)
+        except redis.RedisError:
+            with self.lock:
+                self.outbox[:0] = batch
+            raise
+        return len(batch)
+
+    def _send(self, batch: list[tuple[list[str], list[Any]]]) -> None:
+        # EVALSHA itself: a pipeline given Script objects asks SCRIPT EXISTS first, a round trip more per flush.
+        pipe = self.client.pipeline(transaction=False)
+        for keys, args in batch:
+            pipe.evalsha(self.done_script.sha, len(keys), *keys, *args)
+        pipe.execute()
+
+    def _flush_forever(self) -> None:
+        while True:
+            self.wake.wait()
+            self.wake.clear()
+            try:
+                self.flush()
+            except redis.RedisError as exc:
+                log.debug("count-outs not sent yet: %s", exc)
+                time.sleep(RETRY_S)
+                self.wake.set()
 
     def add(self, pipe: Any, field: str, n: int) -> None:
         """Count `n` more (or fewer) under `field` (`r:<replica>`, `w:<service>`), in the total and this share."""

@@ -1,18 +1,23 @@
-"""Where the gateway sends a request: the running replicas of each served model, re-read from the tables every
-second and whenever the replicas' version changes (a replica on a node that stopped heartbeating is left out at
-once), the requests each has in flight in the whole gateway (`control/live.py`: every web process's, in Redis; this
+"""Where the gateway sends a request: the running replicas of each served model, re-read from the tables whenever
+the replicas' version changes (every pick answers it), when the heartbeat read of one of their nodes would go stale
+(a replica on a node that stopped heartbeating is left out at once), and at least every REFRESH_MAX_S; the
+requests each has in flight in the whole gateway (`control/live.py`: every web process's, in Redis; this
 process's own when Redis is away), and a short quarantine for a replica whose last request failed.
 
 A service chooses how its requests are shared (`config.load_balancing`): `least_requests` (the replica with the
 fewest in flight, ties in turn; the default) or `round_robin` (each replica in turn); `config.timeout` is how
 long a replica has to answer one and `config.max_in_flight` how many requests a replica takes at once (the rest
 wait in the gateway's queue). A replica gets only the routes its engine serves. Requests go over a pool of
-keep-alive connections; a request's model is the `model` of its body.
+keep-alive connections per replica and web process (a replica that closes each connection, as the built-in
+server's does, costs a connect per request; one to an IP address asks no resolver: under gevent each lookup went
+through a thread pool); a request's model is the `model` of its body.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,7 +36,8 @@ from ..tables import Model, Node, Replica, ScalingEvent, Service
 from . import live, serve_stats
 from .serve_stats import Outcome, stats_key
 
-REFRESH_S = 1.0
+REFRESH_S = 1.0  # with no replica in the table: how often it is read again
+REFRESH_MAX_S = 3.0  # the longest a table is kept when no replica started or stopped (a service's config may change)
 QUARANTINE_S = 5.0
 LAST_REQUEST_EVERY_S = 1.0
 READ_TIMEOUT_S = 600.0
@@ -76,6 +82,40 @@ def engine_config(config: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (config or {}).items() if k not in SERVICE_KEYS}
 
 
+class ReplicaConnection(urllib3.connection.HTTPConnection):
+    """urllib3's connection, connecting to an IP address without getaddrinfo (a name still goes through it)."""
+
+    def _new_conn(self) -> socket.socket:
+        try:
+            ip = ipaddress.ip_address(self._dns_host)
+        except ValueError:
+            return super()._new_conn()
+        sock = socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            for option in self.socket_options or ():
+                sock.setsockopt(*option)
+            sock.settimeout(self.timeout if isinstance(self.timeout, int | float) else None)
+            sock.connect((str(ip), self.port))
+        except TimeoutError as exc:
+            sock.close()
+            raise urllib3.exceptions.ConnectTimeoutError(self, f"Connection to {self.host} timed out") from exc
+        except OSError as exc:
+            sock.close()
+            raise urllib3.exceptions.NewConnectionError(self, f"Failed to establish a new connection: {exc}") from exc
+        return sock
+
+
+class ReplicaPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = ReplicaConnection
+
+
+def replica_http() -> urllib3.PoolManager:
+    """Keep-alive connections to replicas, a pool per replica (host and port), for one web process."""
+    http = urllib3.PoolManager(num_pools=64, maxsize=32, retries=False)
+    http.pool_classes_by_scheme = {**http.pool_classes_by_scheme, "http": ReplicaPool}
+    return http
+
+
 @dataclass
 class Target:
     replica_id: str
@@ -102,6 +142,7 @@ class Directory:
         self.lock = threading.Lock()
         self.by_model: dict[str, list[Target]] = {}
         self.loaded_at = 0.0
+        self.due = 0.0  # monotonic time of the next re-read when nothing changed
         self.version = ""  # the replicas' version the last refresh saw; another from a pick: refresh
         self.stale = False
         self.in_flight: dict[str, int] = {}  # this process's own (routing falls back on it without Redis)
@@ -111,17 +152,18 @@ class Directory:
         self.policy: dict[str, str] = {}  # model -> load_balancing of its service
         self.limits: dict[str, Policy] = {}
         self.rounds: dict[str, int] = {}  # model -> the next turn of a round_robin service (without Redis)
-        self.http = urllib3.PoolManager(num_pools=64, maxsize=32, retries=False)
+        self.http = replica_http()
         self.known_keys: dict[str, str] = {}
         self.redis: redis.Redis | None = None  # set at the first refresh (in an app context)
         self.redis_down_until = 0.0
 
     def refresh(self, force: bool = False) -> None:
-        if not force and not self.stale and time.monotonic() - self.loaded_at < REFRESH_S:
+        if not force and not self.stale and time.monotonic() < self.due:
             return
         s = settings()
         self.redis = self.redis or redis_client()
-        fresh = datetime.now(UTC) - timedelta(seconds=s.heartbeat_timeout_s)
+        now, read_at = datetime.now(UTC), time.monotonic()
+        fresh = now - timedelta(seconds=s.heartbeat_timeout_s)
         version = self._version()
         rows = db.session.execute(
             db.select(
@@ -133,6 +175,7 @@ class Directory:
                 Model.name,
                 Service.config,
                 Service.backend,
+                Node.last_seen,
             )  # fmt: skip
             .join(Service, Replica.service_id == Service.id)
             .join(Model, Service.model_id == Model.id)
@@ -146,7 +189,9 @@ class Directory:
         offered = presets(s.serve_engines)
         by_model: dict[str, list[Target]] = {}
         limits: dict[str, Policy] = {}
-        for rid, sid, url, node, engine, model, config, backend in sorted(rows, key=lambda r: r[0]):
+        due = read_at + (REFRESH_MAX_S if rows else REFRESH_S)
+        for rid, sid, url, node, engine, model, config, backend, seen in sorted(rows, key=lambda r: r[0]):
+            due = min(due, read_at + (seen - fresh).total_seconds())  # when this read of the node goes stale
             config = config or {}
             preset = offered.get(engine or backend)
             routes = preset.routes if preset is not None else OPENAI_ROUTES
@@ -156,7 +201,7 @@ class Directory:
             limits.setdefault(model, Policy(str(config.get("load_balancing") or LOAD_BALANCING[0]),
                                             int(config.get("max_in_flight") or 0)))  # fmt: skip
         with self.lock:
-            self.by_model, self.limits, self.loaded_at = by_model, limits, time.monotonic()
+            self.by_model, self.limits, self.loaded_at, self.due = by_model, limits, read_at, due
             self.policy = {m: p.load_balancing for m, p in limits.items()}
             self.version, self.stale = version, False
 
@@ -250,12 +295,9 @@ class Directory:
             if failed:
                 self.quarantined[target.replica_id] = time.monotonic() + QUARANTINE_S
         if self.redis is not None and time.monotonic() >= self.redis_down_until:
-            share = live.share(self.redis)
+            share = live.share(self.redis)  # sent off the response's path, batched (live.Share.count_out)
             keys = [stats_key(target.replica_id), names.SERVE_LIVE_KEY, share.key]
-            try:
-                share.done_script(keys=keys, args=[f"r:{target.replica_id}", *(outcome or Outcome(0, 0.0)).args()])
-            except redis.RedisError:
-                self.redis_down_until = time.monotonic() + QUARANTINE_S
+            share.count_out(keys, [f"r:{target.replica_id}", *(outcome or Outcome(0, 0.0)).args()])
         self.note_request(target.service_id)
 
     def rejected(self, service_id: str, reason: str) -> None:
