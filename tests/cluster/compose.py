@@ -173,7 +173,7 @@ class Cluster:
     def devices(self, chunk_id: str) -> list[str]:
         code, body = self.get(f"/data/{chunk_id}")
         assert code == 200, body
-        return sorted(loc["device"] for loc in body["locations"] if loc.get("status", "ready") == "ready")
+        return sorted(loc["device"] for loc in body["locations"] if loc.get("status") in (None, "ready", "available"))
 
     def content(self, chunk_id: str) -> bytes:
         r = self.http.get(f"{self.base}/data/{chunk_id}/content", headers=self.auth(), timeout=120)

@@ -13,6 +13,13 @@ OFFLINE_IMAGES=${OFFLINE_IMAGES:-$ROOT/../shared/tools/offline-images/build.sh}
 export CACHE=${CACHE:-/var/cache/gswarm-offline}
 mkdir -p "$OUT"
 t0=$SECONDS
+# GSWARM_CLUSTER_REV=HEAD builds the images from that commit (git archive) instead of the working tree, whose
+# uncommitted edits would otherwise go into them.
+SRC=$ROOT
+if [ -n "${GSWARM_CLUSTER_REV:-}" ]; then
+  SRC=$(mktemp -d -t gswarm-src-XXXX)
+  git -C "$ROOT" archive "$GSWARM_CLUSTER_REV" | tar -C "$SRC" -xf -
+fi
 
 hub_answers() {  # the registry answers 401 to an anonymous /v2/ where it is reachable
   [ "$(curl -sS -m 5 -o /dev/null -w '%{http_code}' https://registry-1.docker.io/v2/ 2>/dev/null)" = 401 ]
@@ -37,18 +44,18 @@ rootfs() {
 
 if docker info >/dev/null 2>&1 && hub_answers; then
   docker pull -q python:3.11-slim && docker pull -q postgres:16 && docker pull -q redis:7
-  docker build -q -t gswarm:latest "$ROOT"
+  docker build -q -t gswarm:latest "$SRC"
 else
   [ -x "$OFFLINE_IMAGES" ] || { echo "Docker Hub does not answer and $OFFLINE_IMAGES is missing" >&2; exit 1; }
   rootfs
-  PROJECT="$ROOT" "$OFFLINE_IMAGES" setup base python postgres redis gswarm
+  PROJECT="$SRC" "$OFFLINE_IMAGES" setup base python postgres redis gswarm
 fi
 
 # The nodes' image: the same Dockerfile with EXTRAS=serve, its context the project's files and torch's CPU wheel
 # (from where this machine's pip finds it, pinned as the venv has it); its dependency layer outlives code changes.
 ctx=$(mktemp -d -t gswarm-serve-XXXX)
 trap 'rm -rf "$ctx"' EXIT
-tar -C "$ROOT" --exclude=__pycache__ -cf - Dockerfile .dockerignore pyproject.toml README.md alembic.ini \
+tar -C "$SRC" --exclude=__pycache__ -cf - Dockerfile .dockerignore pyproject.toml README.md alembic.ini \
   gswarm_tasks gswarm_web migrations config | tar -C "$ctx" -xf -
 mkdir -p "$ctx/wheels"
 torch=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo 2.13.0+cpu)

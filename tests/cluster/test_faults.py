@@ -58,14 +58,18 @@ def restart(cluster: Cluster, *services: str) -> float:
 def running_with_bytes(cluster: Cluster, task_id: str) -> bool:
     t = cluster.task(task_id)
     assert t is None or t["status"] not in ("succeeded", "failed"), f"finished before the fault: {t}"
-    return bool(t and t["status"] == "running" and (t.get("done_bytes") or 0) > 0)
+    return bool(t and t["status"] == "running" and ((t.get("progress") or {}).get("done_bytes") or 0) > 0)
 
 
 def kill_and_start(cluster: Cluster, service: str) -> float:
+    """Kill a node's container and start it again; return once its new worker heartbeats (the node reads healthy
+    for a heartbeat timeout on the old worker's last heartbeat: that is not the new worker ready)."""
+    before = cluster.node(service)["started_at"]
     cid = cluster.container(service)
     cluster.docker("kill", cid)
     t0 = time.monotonic()
     cluster.docker("start", cid)
+    wait_for(lambda: cluster.node(service)["started_at"] != before, 120, f"{service}'s new worker heartbeating", 0.5)
     cluster.wait_healthy()
     return t0
 
