@@ -82,15 +82,26 @@ def control_window(fleet: Fleet, seconds: float) -> dict[str, float]:
 
 
 def scrape(base: str, token: str, times: int = 3) -> list[float]:
-    """Seconds per `GET /metrics`, each read to its end."""
+    """Seconds per `GET /metrics`, each read to its end; each past the web's frame interval after the one before, so
+    that every scrape builds its body from new frames (none is answered from the cache of another)."""
+    from gswarm_web.control.metrics import FRAME_INTERVAL_S
+
     out = []
     for _ in range(times):
+        time.sleep(FRAME_INTERVAL_S + 0.2)
         t0 = time.perf_counter()
         resp = requests.get(f"{base}/api/v1/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=60)
         resp.raise_for_status()
         assert "DCGM_FI_DEV_GPU_UTIL" in resp.text
         out.append(time.perf_counter() - t0)
     return out
+
+
+def timed_wrk(api: psutil.Process, url: str, token: str, seconds: int = 10) -> dict[str, float]:
+    """wrk with one connection for `seconds`: its latencies and the web's CPU milliseconds per request."""
+    c0 = cpu_seconds(api)
+    res = wrk(url, token, 1, seconds)
+    return {**res, "cpu_ms": (cpu_seconds(api) - c0) * 1000 / max(res["requests"], 1)}
 
 
 def fleet_page(base: str, token: str, runs: int, nodes: int) -> list[dict[str, float]]:
@@ -195,10 +206,16 @@ def main() -> int:
         if "nodes" in only:
             url = f"{base}/api/v1/nodes"
             wrk(url, fleet.token, 1, 1)
+            api = psutil.Process(pids["api"])
             with profiles.record("fleet-nodes", {"api": pids["api"]}):
-                runs = [wrk(url, fleet.token, 1, 10) for _ in range(args.repeat)]
+                runs = [timed_wrk(api, url, fleet.token) for _ in range(args.repeat)]
             rows.append(Row(f"GET /nodes p99, {args.nodes} nodes, one client", [r["p99_ms"] for r in runs], "ms",
                             "< 100", lambda v: v < 100))  # fmt: skip
+            rows.append(Row("GET /nodes p50", [r["p50_ms"] for r in runs], "ms", "info", None))
+            rows.append(Row("GET /nodes web CPU per request", [r["cpu_ms"] for r in runs], "ms", "info", None))
+            floor = [timed_wrk(api, f"{base}/api/v1/tokens/self", fleet.token) for _ in range(args.repeat)]
+            rows.append(Row("floor: GET /tokens/self p99 (auth, one row), same run", [r["p99_ms"] for r in floor],
+                            "ms", "info", None))  # fmt: skip
             runs = [wrk(f"{url}?per_page=500", fleet.token, 1, 5) for _ in range(args.repeat)]
             rows.append(Row("GET /nodes?per_page=500 p99 (the dashboard's pages)", [r["p99_ms"] for r in runs], "ms",
                             "info", None))  # fmt: skip

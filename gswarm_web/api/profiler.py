@@ -14,8 +14,7 @@ from gswarm_tasks import names
 from gswarm_tasks.errors import Conflict, InvalidRequest, NotFound
 
 from ..control import session_import
-from ..control.frames import latest_frames
-from ..control.metrics import MetricsCache
+from ..control.metrics import MetricsCache, latest_json
 from ..control.recovery import recoverable, resume_archive
 from ..control.serve_stats import prometheus_text as serving_text
 from ..control.session_state import (
@@ -228,11 +227,10 @@ class ImportFinish(MethodView):
 @blp.route("/metrics/latest")
 class MetricsLatest(MethodView):
     @blp.response(200)
-    def get(self) -> dict[str, Any]:
+    def get(self) -> Response:
         """The newest frame of every node"""
-        frames = latest_frames(redis_client())
-        now = datetime.now(UTC).timestamp()
-        return {"nodes": {n: {**f, "age_s": round(now - float(f["time"]), 3)} for n, f in sorted(frames.items())}}
+        raw: Any = redis_client().hgetall(names.METRICS_LATEST_KEY)
+        return Response(latest_json(raw, datetime.now(UTC).timestamp()), content_type="application/json")
 
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text format every Prometheus takes, 3.x included

@@ -73,3 +73,18 @@ def test_a_new_frame_shows_after_the_interval_and_unchanged_nodes_are_kept() -> 
     assert cache._nodes["n2"][1] is kept  # its frame did not change: its lines were not made again
     del store.frames[b"n2"]
     wait_for(lambda: "n2" not in cache.text(store.read), 5, "a node gone from the store gone from /metrics", 0.05)
+
+
+def test_latest_body_is_every_frame_with_its_age() -> None:
+    from gswarm_web.control.metrics import latest_json
+
+    raw = {b"n2": frame("n2", 4, 1.0) + b"\n", b"n1": frame("n1", 3, 2.0)}
+    raw[b"odd"] = json.dumps({"time": time.time() - 2, "age_s": 99}).encode()  # a key of the answer's own
+    now = time.time()
+    body = json.loads(latest_json(raw, now))
+    want = {k.decode(): json.loads(v) for k, v in raw.items()}
+    assert list(body["nodes"]) == ["n1", "n2", "odd"]
+    for node, f in want.items():
+        assert body["nodes"][node] == {**f, "age_s": round(now - f["time"], 3)}
+    assert 1.9 < body["nodes"]["odd"]["age_s"] < 2.1
+    assert json.loads(latest_json({}, now)) == {"nodes": {}}
