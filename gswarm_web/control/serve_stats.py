@@ -216,7 +216,7 @@ def _replica_series(out: dict[str, list[str]], labels: str, r: Replica, stats: d
     out["gswarm:num_requests_running"].append(
         f"gswarm:num_requests_running{{{labels}}} {max(0, int(live.get(f'r:{r.id}', 0)))}"
     )
-    codes = {k[2:]: int(v) for k, v in stats.items() if k.startswith("n|")}
+    codes = {k[2:]: int(v) for k, v in stats.items() if k.startswith("n|")} or {"200": 0}  # a series from the start
     total = _family(out, "gswarm:requests_total", "counter", "Requests a replica answered, by HTTP status (0: none).")
     total += [f'gswarm:requests_total{{{labels},code="{c}"}} {n}' for c, n in sorted(codes.items())]
     ok = sum(n for c, n in codes.items() if c.startswith("2"))

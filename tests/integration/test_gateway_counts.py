@@ -94,7 +94,7 @@ def gateway(fleet_env: dict[str, str], home: Path) -> Iterator[dict[str, Any]]:
         db.session.add(ReplicaRow(id=rid, service_id=svc.id, node="n1", device="cpu", status="running",
                                   url=f"http://127.0.0.1:{replica.server_port}", engine="builtin"))  # fmt: skip
         db.session.commit()
-        token = create_token("apps", "inference")
+        token, admin = create_token("apps", "inference"), create_token("ops", "admin")
         db.session.remove()
         db.engine.dispose()
     port = _free_port()
@@ -103,8 +103,8 @@ def gateway(fleet_env: dict[str, str], home: Path) -> Iterator[dict[str, Any]]:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: requests.get(f"{url}/api/v1/health", timeout=2).status_code in (200, 503), 90, "the API")
-        yield {"url": url, "token": token, "replica": replica, "rid": rid, "redis": redis.Redis.from_url(env[
-            "GSWARM_REDIS_URL"])}  # fmt: skip
+        client = redis.Redis.from_url(env["GSWARM_REDIS_URL"])
+        yield {"url": url, "token": token, "admin": admin, "replica": replica, "rid": rid, "redis": client}
     finally:
         replica.release.set()
         proc.stop()
@@ -119,7 +119,18 @@ def _live(client: redis.Redis, rid: str) -> tuple[int, list[int]]:
     return total, shares
 
 
+def _requests_total(gateway: dict[str, Any]) -> dict[str, float]:
+    """The replica's gswarm:requests_total samples on /metrics, by status code."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    token = gateway["admin"]
+    text = requests.get(f"{gateway['url']}/metrics", headers=bearer(token), timeout=30).text
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "gswarm:requests")
+    return {s.labels["code"]: s.value for s in family.samples if s.labels.get("replica") == gateway["rid"]}
+
+
 def test_counts_return_to_zero_after_a_keep_alive_burst_over_reused_connections(gateway: dict[str, Any]) -> None:
+    assert _requests_total(gateway) == {"200": 0}  # a fresh replica has its series before its first answer
     answers: list[tuple[int, str]] = []
 
     def client() -> None:
@@ -144,6 +155,7 @@ def test_counts_return_to_zero_after_a_keep_alive_burst_over_reused_connections(
     assert int(client_.hget(stats, "prompt") or 0) == 3 * CLIENTS * EACH
     # Connections to the replica are kept and reused: at most one per client in each of gunicorn's 4 processes.
     assert gateway["replica"].connections <= 4 * CLIENTS < CLIENTS * EACH
+    assert _requests_total(gateway) == {"200": CLIENTS * EACH}
 
 
 def test_a_killed_web_process_leaves_no_count_behind(gateway: dict[str, Any]) -> None:
