@@ -11,6 +11,7 @@ from typing import Any
 from celery import Celery, Task
 
 from . import defaults, names
+from .broker import transport_for
 from .devices import validate_node_name
 from .errors import InvalidRequest, RedeliveryLimitExceeded
 from .settings import Settings, load_settings
@@ -85,6 +86,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     url = settings.effective_redis_url
     return {
         "broker_url": url,
+        "broker_transport": transport_for(url),  # kombu's Redis transport, surviving a Redis restart (broker.py)
         "result_backend": url,
         "task_serializer": "json",
         "result_serializer": "json",
@@ -109,7 +111,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_send_sent_event": settings.task_events,
         "worker_send_task_events": settings.task_events,
         "worker_prefetch_multiplier": 1,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A running task goes on through a broker outage (a Redis restart): cancelling it would leave its message in the
+        # broker's unacked index until the visibility timeout (hours). Its report goes out once Redis is back; the
+        # message, which the lost channel cannot acknowledge, comes back later and finds the task done (idempotent).
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {
             "visibility_timeout": settings.visibility_timeout_s,

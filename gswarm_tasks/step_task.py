@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 STARTED_AFTER_S = 0.02
 MODEL_ACTIONS = ("download", "copy", "move", "delete")
+REDIS_BACK_WITHIN_S = 120.0  # how long a step whose Redis went away waits for it before leaving it to the broker
+REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError)
 
 
 class _Announcer:
@@ -174,6 +176,40 @@ def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
 
     The message names the step; its spec (action, parameters, retries, devices) is read from Redis."""
     client = redis_of(self)
+    try:
+        return _step(self, client, spec)
+    except REDIS_DOWN as exc:
+        # Redis went away under the step (a restart, a failover): not the step's failure, and not one of its
+        # retries. Once Redis answers again the step starts over, same id, same chain, same retry count (an action
+        # is idempotent by its task id); if it stays away, the unacknowledged message is the broker's to deliver.
+        if not _redis_back(client, REDIS_BACK_WITHIN_S):
+            raise
+        log.warning("step %s: Redis went away (%s); running it again", spec.get("task_id"), exc)
+        _again(self, client, countdown=0.0)
+        raise Ignore() from None
+
+
+def _redis_back(client: redis.Redis, within_s: float) -> bool:
+    """Whether Redis answers again within `within_s` (tried with a growing pause)."""
+    deadline, pause = time.monotonic() + within_s, 0.05
+    while True:
+        try:
+            return bool(client.ping())
+        except REDIS_DOWN:
+            if time.monotonic() + pause > deadline:
+                return False
+            time.sleep(pause)
+            pause = min(2.0, pause * 2)
+
+
+def _again(task: Task, client: redis.Redis, countdown: float) -> None:
+    """Send this step again (same id, chain and retry count) without counting this delivery, and stop here."""
+    client.decr(names.deliveries_key(str(task.request.id), int(task.request.retries or 0)))
+    task.signature_from_request(countdown=countdown).apply_async()
+    _stop_chain(task)
+
+
+def _step(self: Task, client: redis.Redis, spec: dict[str, Any]) -> dict[str, Any] | None:
     attempt = int(self.request.retries or 0) + 1
     spec, cancelled, done = _prologue(self, client, spec)
     if cancelled:
@@ -201,11 +237,9 @@ def _run_and_report(
     except LeaseBusy:
         # The device is busy: give the worker slot back and come back shortly, same id, same chain, same
         # retry count (waiting is not a failure, nor a redelivery), far under the visibility timeout.
-        client.decr(names.deliveries_key(str(self.request.id), int(self.request.retries or 0)))
-        self.signature_from_request(countdown=0.05 + random.random() * 0.2).apply_async()
-        _stop_chain(self)
+        _again(self, client, countdown=0.05 + random.random() * 0.2)
         raise Ignore() from None
-    except (Retry, Ignore):
+    except (Retry, Ignore, *REDIS_DOWN):
         raise
     except BaseException as exc:
         _on_error(self, client, spec, attempt, exc)
