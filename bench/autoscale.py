@@ -40,8 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import Profiles, Row  # noqa: E402
 from bench.gateway import free_port, latency, pct, running, service, start_api, throughput  # noqa: E402
-from gswarm_tasks.engines import key_headers  # noqa: E402
-from gswarm_tasks.service_key import key_for  # noqa: E402
+from gswarm_tasks.serving.engines import key_headers  # noqa: E402
+from gswarm_tasks.serving.keys import key_for  # noqa: E402
 from tests.integration.fleet import Fleet  # noqa: E402
 from tests.integration.procs import wait_for  # noqa: E402
 

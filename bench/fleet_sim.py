@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gswarm_tasks import names  # noqa: E402
-from gswarm_tasks.heartbeat import node_info  # noqa: E402
-from gswarm_tasks.nvml import FakeGpuSource  # noqa: E402
+from gswarm_tasks.node.heartbeat import node_info  # noqa: E402
+from gswarm_tasks.profiling.nvml import FakeGpuSource  # noqa: E402
 
 STREAM_KEEP = 60  # frames kept per simulated stream: 1,000 nodes x 60 x 3 KB stays under 200 MB of Redis
 

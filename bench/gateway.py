@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import up_web_argv  # noqa: E402
-from gswarm_tasks.engines import key_headers  # noqa: E402
-from gswarm_tasks.service_key import key_for  # noqa: E402
+from gswarm_tasks.serving.engines import key_headers  # noqa: E402
+from gswarm_tasks.serving.keys import key_for  # noqa: E402
 from tests.integration.fleet import Fleet  # noqa: E402
 from tests.integration.procs import Proc, wait_for  # noqa: E402
 

@@ -1,9 +1,9 @@
 """The GPU path on a real NVIDIA host, checked against the driver's own tools.
 
-1. NVML sampling as a node samples (gswarm_tasks.nvml -> nvitop -> libnvidia-ml) beside `nvidia-smi` at the same
+1. NVML sampling as a node samples (profiling.nvml -> nvitop -> libnvidia-ml) beside `nvidia-smi` at the same
    moments, while a matmul load and host-to-GPU copies run: utilization, memory, temperature, power, clocks,
    PCIe throughput, and the GPU processes by name.
-2. The `gpuN` tier: `gswarm_tasks.gpu_holder` loads 1 GiB of safetensors into GPU memory; NVML and nvidia-smi
+2. The `gpuN` tier: `gswarm_tasks.models.gpu_holder` loads 1 GiB of safetensors into GPU memory; NVML and nvidia-smi
    see it held, and freed when the holder stops.
 3. Serving on `gpu0`: `gswarm_tasks.model_server --device cuda:0` answers /v1/embeddings, equal to the same
    model on the CPU.
@@ -73,7 +73,7 @@ def load_gpu(stop: threading.Event, running: threading.Event) -> None:
 
 
 def sampling(seconds: int) -> dict[str, Any]:
-    from gswarm_tasks.nvml import NvitopSource
+    from gswarm_tasks.profiling.nvml import NvitopSource
 
     src = NvitopSource()
     gpus = src.gpus()
@@ -118,7 +118,7 @@ def gpu_tier() -> dict[str, Any]:
     import torch
     from safetensors.torch import save_file
 
-    from gswarm_tasks.nvml import NvitopSource
+    from gswarm_tasks.profiling.nvml import NvitopSource
 
     d = Path(tempfile.mkdtemp())
     save_file(
@@ -127,7 +127,7 @@ def gpu_tier() -> dict[str, Any]:
     before = int(smi()["memory.used"])
     port = free_port()
     t0 = time.monotonic()
-    argv = [sys.executable, "-m", "gswarm_tasks.gpu_holder", "--model-path", str(d), "--device", "cuda:0"]
+    argv = [sys.executable, "-m", "gswarm_tasks.models.gpu_holder", "--model-path", str(d), "--device", "cuda:0"]
     proc = subprocess.Popen(
         [*argv, "--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -153,7 +153,7 @@ def serving(model: Path) -> dict[str, Any]:
     import requests
     from sentence_transformers import SentenceTransformer
 
-    from gswarm_tasks.nvml import NvitopSource
+    from gswarm_tasks.profiling.nvml import NvitopSource
 
     port = free_port()
     t0 = time.monotonic()

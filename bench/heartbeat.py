@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import cpu_seconds  # noqa: E402
 from gswarm_tasks import names  # noqa: E402
-from gswarm_tasks.heartbeat import node_info  # noqa: E402
+from gswarm_tasks.node.heartbeat import node_info  # noqa: E402
 from gswarm_web.migrate import upgrade  # noqa: E402
 
 

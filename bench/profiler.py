@@ -26,14 +26,14 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import cpu_seconds  # noqa: E402
 from gswarm_tasks.names import CONTROL_GROUP, METRICS_LATEST_KEY, frames_stream  # noqa: E402
-from gswarm_tasks.nvml import FakeGpuSource  # noqa: E402
+from gswarm_tasks.profiling.nvml import FakeGpuSource  # noqa: E402
 from tests.integration.fleet import Fleet  # noqa: E402
 from tests.integration.procs import wait_for  # noqa: E402
 
 SAMPLER_PROBE = """
 import sys, time, psutil, redis
-from gswarm_tasks.nvml import FakeGpuSource, default_source
-from gswarm_tasks.sampler import Sampler
+from gswarm_tasks.profiling.nvml import FakeGpuSource, default_source
+from gswarm_tasks.profiling.sampler import Sampler
 source = FakeGpuSource(8) if sys.argv[3] == "fake" else default_source()
 assert len(source.gpus()) == 8, source.gpus()
 bw, nv = sys.argv[4] == "1", sys.argv[5] == "1"
@@ -80,7 +80,7 @@ def sampler_costs(redis_url: str, tmp: Path, seconds: float) -> dict[str, object
 
 def spill_replay(r: redis.Redis, tmp: Path, count: int) -> dict[str, object]:
     from gswarm_tasks.names import frames_stream as stream_of
-    from gswarm_tasks.spill import FrameSpill
+    from gswarm_tasks.profiling.spill import FrameSpill
 
     gpus = FakeGpuSource(8).sample(True, False)
     t0 = time.time() - count  # one frame a second, as a node at 1 Hz would have spilled them

@@ -11,7 +11,7 @@ from typing import Any
 
 def __getattr__(name: str) -> Any:
     if name == "app":
-        from .node_worker import app
+        from .node.worker import app
 
         return app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """The Celery app of the fleet: Redis broker and results, JSON only, one queue per node plus `control`.
 
-Node tasks register on `app`; `gswarm_tasks.node_worker` imports every one of them with the worker's hooks.
+Node tasks register on `app`; `gswarm_tasks.node.worker` imports every one of them with the worker's hooks.
 """
 
 from __future__ import annotations

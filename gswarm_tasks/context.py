@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import ResourceUnavailable, TaskFailed
-from .serving import ServiceRegistry
 from .settings import Settings
 from .storage import Tiers
+
+if TYPE_CHECKING:  # the registry is serving's; the node worker makes it and hands it in
+    from .serving.replicas import ServiceRegistry
 
 
 def private_dir(path: Path, anchor: Path, device: str) -> Path:
@@ -97,13 +101,16 @@ class NodeContext:
     file_port: int | None = None
 
     @classmethod
-    def create(cls, settings: Settings, name: str, worker: str, address: str) -> NodeContext:
-        """The context of node `name`, its disk root made (the dram root is made on first use)."""
+    def create(
+        cls, settings: Settings, name: str, worker: str, address: str, services: Callable[[Path], ServiceRegistry]
+    ) -> NodeContext:
+        """The context of node `name`, its disk root made (the dram root is made on first use); `services` makes
+        the registry of its replicas from the disk root."""
         storage_root = settings.effective_storage_root(name)
         dram_root = settings.effective_dram_root(name)
         tiers = NodeTiers(name, storage_root, dram_root, settings.effective_dram_anchor())
         storage_root.mkdir(parents=True, exist_ok=True)
-        return cls(name, storage_root, dram_root, address, worker, tiers, ServiceRegistry(storage_root))
+        return cls(name, storage_root, dram_root, address, worker, tiers, services(storage_root))
 
     def dram_available(self) -> bool:
         """Whether the dram tier's root is (or could be made) a private directory of this user."""

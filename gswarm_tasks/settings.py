@@ -15,8 +15,8 @@ import yaml
 from . import defaults
 from .config_keys import check_keys, parse_nodes
 from .devices import validate_node_name
-from .engines import parse_engines
 from .errors import ConfigError
+from .serving.engines import parse_engines
 
 ADMIN_TOKEN_MIN_CHARS = 32  # an admin token runs anything on the fleet: long enough that guessing is hopeless
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)

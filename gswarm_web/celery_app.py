@@ -13,13 +13,13 @@ from typing import Any
 import redis
 from celery.signals import worker_process_init
 
-from gswarm_tasks import (
-    lifecycle,  # noqa: F401  (a step that dies with its process is reported here too)
-    names,
-    step_task,  # noqa: F401  (steps that need no device, like health checks, run on the control queue)
-)
+from gswarm_tasks import names
 from gswarm_tasks.celery_app import app as celery
 from gswarm_tasks.celery_app import settings_of
+from gswarm_tasks.node import lifecycle  # noqa: F401  (a step that dies with its process is reported here too)
+
+# steps that need no device, like health checks, run on the control queue
+from gswarm_tasks.workflows import step_task  # noqa: F401
 
 from . import create_app
 from .control import chunk_collector, dispatch, node_state, reconciler, service_state, task_state

@@ -12,7 +12,7 @@ from flask_smorest import Blueprint
 from gswarm_tasks import names
 from gswarm_tasks.devices import safe_name
 from gswarm_tasks.errors import Conflict
-from gswarm_tasks.sources import parse_source
+from gswarm_tasks.models.sources import parse_source
 from gswarm_tasks.transfer.client import COMPRESSIONS
 
 from ..control import model_ops, model_state, service_state, targets

@@ -10,8 +10,8 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from gswarm_tasks.devices import Auto, Device, parse_target, validate_node_name
-from gswarm_tasks.engines import choose, presets
 from gswarm_tasks.errors import InvalidRequest, NetworkError
+from gswarm_tasks.serving.engines import choose, presets
 
 from ..control import autoscaler, placement, reconciler, service_state, targets
 from ..control.devices import named, node_by_address

@@ -234,7 +234,7 @@ def _print_up(
 def _stop_all(sup: Supervisor, settings: Settings, node: str | None) -> None:
     """Stop every child and the node's model servers at once (they outlive a worker restart by design, but not
     `gswarm up`): all of it is gone within about 4 s (Supervisor's budgets), then a SIGKILL for what remains."""
-    from gswarm_tasks.serving import ServiceRegistry
+    from gswarm_tasks.serving.replicas import ServiceRegistry
 
     registry = ServiceRegistry(settings.effective_storage_root(node)) if node else None
     services = registry.entries() if registry else []

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from gswarm_tasks import names
-from gswarm_tasks.data_sources import parse_data_source
+from gswarm_tasks.data.sources import parse_data_source
 from gswarm_tasks.devices import Device, parse_target
 from gswarm_tasks.errors import Conflict, InvalidRequest, NotFound, ResourceUnavailable
 

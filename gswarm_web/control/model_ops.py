@@ -8,7 +8,7 @@ from typing import Any
 from gswarm_tasks import names
 from gswarm_tasks.devices import Device, parse_target
 from gswarm_tasks.errors import Conflict, InvalidRequest
-from gswarm_tasks.sources import parse_source
+from gswarm_tasks.models.sources import parse_source
 from gswarm_tasks.storage import prefix as storage_prefix
 
 from ..extensions import db, settings

@@ -13,8 +13,8 @@ from typing import Any
 
 from gswarm_tasks import names
 from gswarm_tasks.devices import Auto, Device, parse_target
-from gswarm_tasks.engines import TP_PARAM
 from gswarm_tasks.errors import GswarmError, ResourceUnavailable
+from gswarm_tasks.serving.engines import TP_PARAM
 from gswarm_tasks.storage import prefix as storage_prefix
 
 from ..extensions import db, redis_client, settings

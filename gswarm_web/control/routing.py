@@ -28,8 +28,8 @@ import redis
 import urllib3
 
 from gswarm_tasks import names
-from gswarm_tasks.engines import OPENAI_ROUTES, key_headers, presets
 from gswarm_tasks.errors import InvalidRequest
+from gswarm_tasks.serving.engines import OPENAI_ROUTES, key_headers, presets
 
 from ..extensions import db, redis_client, sender, settings
 from ..tables import Model, Node, Replica, ScalingEvent, Service

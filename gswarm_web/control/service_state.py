@@ -16,8 +16,8 @@ import redis
 
 from gswarm_tasks import names
 from gswarm_tasks.devices import Device
-from gswarm_tasks.engines import TP_PARAM
 from gswarm_tasks.errors import InvalidRequest, NotFound
+from gswarm_tasks.serving.engines import TP_PARAM
 
 from ..extensions import db, redis_client
 from ..tables import Model, Replica, Service, TaskRecord

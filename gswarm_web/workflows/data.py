@@ -12,7 +12,7 @@ import binascii
 import uuid
 from typing import Any
 
-from gswarm_tasks.data_sources import parse_data_source
+from gswarm_tasks.data.sources import parse_data_source
 from gswarm_tasks.errors import InvalidRequest, NotFound
 
 from ..control.chunk_state import hold, location_view, usable_locations

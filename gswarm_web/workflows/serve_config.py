@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gswarm_tasks.engines import choose, presets
 from gswarm_tasks.errors import InvalidRequest
+from gswarm_tasks.serving.engines import choose, presets
 
 
 def _seconds(v: Any) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 from gswarm_tasks import names
 from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import InvalidRequest, NotFound
-from gswarm_tasks.sources import parse_source
+from gswarm_tasks.models.sources import parse_source
 from gswarm_tasks.storage import prefix as storage_prefix
 
 from ..control import service_state

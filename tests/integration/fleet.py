@@ -165,7 +165,7 @@ class Fleet:
             self.http.shutdown()
         for p in reversed(list(self.procs.values())):
             p.stop()
-        from gswarm_tasks.serving import ServiceRegistry
+        from gswarm_tasks.serving.replicas import ServiceRegistry
 
         for node in ("node1", "node2"):  # model servers outlive workers by design; not tests
             reg = ServiceRegistry(self.storage(node))

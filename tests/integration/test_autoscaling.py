@@ -21,8 +21,8 @@ import redis
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from gswarm_tasks.engines import key_headers
-from gswarm_tasks.service_key import key_for
+from gswarm_tasks.serving.engines import key_headers
+from gswarm_tasks.serving.keys import key_for
 from gswarm_web.cli.up import control_plane_specs
 from tests.conftest import bearer
 from tests.integration.fleet import Fleet, running_fleet

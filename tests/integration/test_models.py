@@ -14,8 +14,8 @@ import pytest
 import redis
 import requests
 
-from gswarm_tasks.engines import key_headers
-from gswarm_tasks.service_key import key_for
+from gswarm_tasks.serving.engines import key_headers
+from gswarm_tasks.serving.keys import key_for
 from tests.hfserver import HfTestServer
 from tests.integration.fleet import Fleet, running_fleet, sha256
 from tests.integration.procs import wait_for

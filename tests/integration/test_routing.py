@@ -26,7 +26,7 @@ def test_task_sent_to_node1_never_runs_on_node2(sender: Celery, start_worker: An
 
 
 def test_node_task_without_a_node_is_refused() -> None:
-    from gswarm_tasks.node_worker import ping
+    from gswarm_tasks.node.worker import ping
 
     with pytest.raises(InvalidRequest):
         ping.delay()

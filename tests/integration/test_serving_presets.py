@@ -15,7 +15,7 @@ import redis
 import requests
 
 from gswarm_tasks import names
-from gswarm_tasks.engines import KEY_HEADER
+from gswarm_tasks.serving.engines import KEY_HEADER
 from gswarm_web.extensions import db
 from gswarm_web.tables import Service, TaskRecord
 from tests.conftest import bearer

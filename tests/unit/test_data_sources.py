@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gswarm_tasks.compute import _texts, merge_chunks
-from gswarm_tasks.data_sources import parse_data_source
+from gswarm_tasks.data.compute import _texts, merge_chunks
+from gswarm_tasks.data.sources import parse_data_source
 from gswarm_tasks.errors import InvalidRequest
 from gswarm_tasks.settings import Settings
 

@@ -10,6 +10,7 @@ import pytest
 
 from gswarm_tasks.context import NodeContext, NodeTiers, private_dir
 from gswarm_tasks.errors import ResourceUnavailable
+from gswarm_tasks.serving.replicas import ServiceRegistry
 from tests.conftest import make_settings
 
 OTHER_UID = 54321
@@ -100,7 +101,7 @@ def test_a_world_writable_anchor_without_the_sticky_bit_is_refused(tmp_path: Pat
 def test_node_tiers_check_on_every_use(tmp_path: Path, home: Path) -> None:
     ram = sticky_anchor(tmp_path)
     s = make_settings(home, GSWARM_DRAM_ROOT=str(ram / "n1"))
-    node = NodeContext.create(s, "n1", "n1@host", "127.0.0.1")
+    node = NodeContext.create(s, "n1", "n1@host", "127.0.0.1", ServiceRegistry)
     assert isinstance(node.tiers, NodeTiers) and node.storage_root.is_dir()
     assert node.tiers.chunk_path("dram", "c1").parent == ram / "n1" / "data"
     assert node.dram_available() and oct((ram / "n1").stat().st_mode & 0o777) == "0o700"

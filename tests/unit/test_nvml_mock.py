@@ -27,7 +27,7 @@ MiB, GiB = 1024**2, 1024**3
 DRIVER = """
 import json, logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
-from gswarm_tasks.nvml import default_source, list_gpus
+from gswarm_tasks.profiling.nvml import default_source, list_gpus
 source = default_source()
 for line in sys.stdin:
     cmd = line.split()

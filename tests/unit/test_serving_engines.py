@@ -13,10 +13,10 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from gswarm_tasks.devices import Device
-from gswarm_tasks.engines import DEFAULTS, KEY_HEADER, choose, key_headers, presets
 from gswarm_tasks.errors import ConfigError, InvalidRequest
-from gswarm_tasks.launch import missing_program, server_argv
-from gswarm_tasks.serving import server_env
+from gswarm_tasks.serving.engines import DEFAULTS, KEY_HEADER, choose, key_headers, presets
+from gswarm_tasks.serving.launch import missing_program, server_argv
+from gswarm_tasks.serving.replicas import server_env
 from gswarm_tasks.settings import load_settings
 from gswarm_web.extensions import db
 from gswarm_web.tables import Model, Service, TaskRecord

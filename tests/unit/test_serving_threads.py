@@ -8,9 +8,9 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from gswarm_tasks.engines import BUILTIN
-from gswarm_tasks.launch import server_argv
-from gswarm_tasks.model_server import parse_args
+from gswarm_tasks.serving.engines import BUILTIN
+from gswarm_tasks.serving.launch import server_argv
+from gswarm_tasks.serving.model_server import parse_args
 from gswarm_web.extensions import db
 from gswarm_web.tables import Model
 from tests.conftest import bearer

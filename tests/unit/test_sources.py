@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from gswarm_tasks.errors import InvalidRequest
-from gswarm_tasks.sources import parse_source
+from gswarm_tasks.models.sources import parse_source
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from gswarm_tasks.data_sources import fetch_into, parse_data_source
+from gswarm_tasks.data.sources import fetch_into, parse_data_source
 from gswarm_tasks.errors import InvalidRequest
+from gswarm_tasks.models.sources import parse_source
 from gswarm_tasks.settings import Settings
-from gswarm_tasks.sources import parse_source
 from gswarm_tasks.urls import Allow, fetch, parse_url, service_ref
 from tests.hostile import SSRF, Recorder
 
@@ -140,8 +140,8 @@ def test_a_node_refuses_a_health_check_or_inference_nobody_allowed(internal: Rec
     """What the node does when a step reaches it with a URL (handed directly, or a spec edited in Redis)."""
     from types import SimpleNamespace
 
-    from gswarm_tasks.actions import _health_check
-    from gswarm_tasks.compute import run_inference
+    from gswarm_tasks.data.compute import run_inference
+    from gswarm_tasks.workflows.actions import _health_check
 
     task: Any = SimpleNamespace(app=SimpleNamespace(gswarm_settings=Settings(home=str(tmp_path))))
     here = f"http://127.0.0.1:{internal.port}"

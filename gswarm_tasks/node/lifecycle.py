@@ -15,20 +15,20 @@ from billiard.exceptions import WorkerLostError
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import celeryd_after_setup, task_failure, worker_ready, worker_shutdown
 
-from . import names
-from .celery_app import settings_of
-from .context import FILE_PORT_FILE, NodeContext, current_node, set_node
-from .devices import NODE_NAME_RE, RESERVED_NODE_NAMES
-from .errors import ResourceUnavailable, TaskFailed
+from .. import names
+from ..celery_app import settings_of
+from ..context import FILE_PORT_FILE, NodeContext, current_node, set_node
+from ..devices import NODE_NAME_RE, RESERVED_NODE_NAMES
+from ..errors import ResourceUnavailable, TaskFailed
+from ..profiling.sampler import Sampler
+from ..profiling.spill import FrameSpill
+from ..reporting import redis_of, report
+from ..serving.replicas import ServiceMonitor, ServiceRegistry
+from ..settings import Settings
+from ..transfer.server import FileServer
+from ..transfer.tokens import transfer_secret
 from .heartbeat import Heartbeat, route_address
 from .recovery import restore_orphans
-from .reporting import redis_of, report
-from .sampler import Sampler
-from .serving import ServiceMonitor
-from .settings import Settings
-from .spill import FrameSpill
-from .transfer.server import FileServer
-from .transfer.tokens import transfer_secret
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def _on_setup(sender: str, instance: Any, **_: Any) -> None:
     if name is None:
         return
     node = NodeContext.create(
-        settings, name, sender, settings.node_address or route_address(settings.effective_redis_url)
+        settings, name, sender, settings.node_address or route_address(settings.effective_redis_url), ServiceRegistry
     )
     try:  # the dram tier exists only where its tmpfs does, private to this user; it is reported, never faked
         node.tiers.root("dram")

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 MAX_TOKENS_LIMIT = 4096
 ROLES = ("system", "user", "assistant", "tool")

@@ -1,6 +1,6 @@
 """Holds a model's weights resident in one GPU's memory: the `gpuN` tier.
 
-`python -m gswarm_tasks.gpu_holder --model-path DIR --device cuda:0 --host H --port P` loads every
+`python -m gswarm_tasks.models.gpu_holder --model-path DIR --device cuda:0 --host H --port P` loads every
 safetensors file onto the GPU, then answers GET /health until SIGTERM frees the memory.
 """
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, InvalidRequest, ResourceUnavailable
+from ..errors import ConfigError, InvalidRequest, ResourceUnavailable
 
 OPENAI_ROUTES = ("/v1/models", "/v1/embeddings", "/v1/completions", "/v1/chat/completions")
 KEY_HEADER = "X-Gswarm-Service-Key"  # the per-service secret the gateway sends; the built-in server checks it

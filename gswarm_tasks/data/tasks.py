@@ -8,12 +8,12 @@ from typing import Any
 
 from celery import Task
 
-from . import names
-from .celery_app import NodeTask, app, settings_of
+from .. import names
+from ..celery_app import NodeTask, app, settings_of
+from ..context import require_node
+from ..errors import InvalidRequest
+from ..reporting import Reporter, redis_of, run_op
 from .chunks import copy_chunk, remove_chunk, store_chunk
-from .context import require_node
-from .errors import InvalidRequest
-from .reporting import Reporter, redis_of, run_op
 
 
 @app.task(name=names.DATA_CREATE, base=NodeTask, bind=True)

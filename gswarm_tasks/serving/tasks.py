@@ -13,19 +13,19 @@ from typing import Any
 
 from celery import Task
 
-from . import names
-from .celery_app import app, settings_of
-from .context import NodeContext, require_node
-from .devices import Device
+from .. import names
+from ..celery_app import app, settings_of
+from ..context import NodeContext, require_node
+from ..devices import Device
+from ..errors import NotFound, ResourceUnavailable
+from ..models.tasks import OPTS, Op, gpu_index_available, run_task
+from ..ports import port_free
+from ..reporting import Reporter
+from ..settings import Settings
+from ..storage import read_manifest
 from .engines import AUTO, choose, model_kind, presets, resolve_auto
-from .errors import NotFound, ResourceUnavailable
+from .keys import forget_key, publish_key, read_key
 from .launch import installed, launch, prewarm
-from .model_tasks import OPTS, Op, gpu_index_available, run_task
-from .reporting import Reporter
-from .service_key import forget_key, publish_key, read_key
-from .serving import port_free
-from .settings import Settings
-from .storage import read_manifest
 
 log = logging.getLogger(__name__)
 

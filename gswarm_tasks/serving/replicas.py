@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -20,27 +19,11 @@ from typing import Any
 
 import requests
 
-from .devices import safe_name
-from .errors import ResourceUnavailable, TaskFailed
+from ..devices import safe_name
+from ..errors import TaskFailed
 from .warm_start import WarmStarter
 
 log = logging.getLogger(__name__)
-
-
-def port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def pick_port(host: str, start: int, taken: set[int]) -> int:
-    for port in range(start, start + 1000):
-        if port not in taken and port_free(host, port):
-            return port
-    raise ResourceUnavailable(f"no free port from {start} on {host}")
 
 
 def pid_alive(pid: int | None) -> bool:

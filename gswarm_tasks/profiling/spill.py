@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from . import names
+from .. import names
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from flask import request
 
-from . import names
+from .. import names
+from ..errors import InvalidRequest, Unauthorized
 from .engines import KEY_HEADER
-from .errors import InvalidRequest, Unauthorized
 
 
 def new_key() -> str:

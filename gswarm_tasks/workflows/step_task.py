@@ -22,14 +22,14 @@ import redis
 from celery import Task
 from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 
-from . import names
+from .. import names
+from ..celery_app import NodeTask, app
+from ..context import require_node
+from ..errors import Cancelled, GswarmError, InvalidRequest, LeaseBusy, TaskFailed, error_dict
+from ..locks import device_leases, model_leases
+from ..models.tasks import lease_tiers
+from ..reporting import redis_of, report
 from .actions import recorded_outputs, resolve, run_action
-from .celery_app import NodeTask, app
-from .context import require_node
-from .errors import Cancelled, GswarmError, InvalidRequest, LeaseBusy, TaskFailed, error_dict
-from .locks import device_leases, model_leases
-from .model_tasks import lease_tiers
-from .reporting import redis_of, report
 
 log = logging.getLogger(__name__)
 

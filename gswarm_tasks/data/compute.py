@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .errors import InvalidRequest, NetworkError, TaskFailed
-from .urls import Allow, fetch, parse_url, read_bounded
+from ..errors import InvalidRequest, NetworkError, TaskFailed
+from ..urls import Allow, fetch, parse_url, read_bounded
 
 
 def _texts(data: bytes, chunk_id: str) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import redis
 
-from . import names
+from .. import names
 from .nvml import GpuSource, default_source
 from .spill import FrameSpill
 

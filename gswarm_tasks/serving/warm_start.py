@@ -48,7 +48,7 @@ class WarmStarter:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             return None
-        return pid if b"gswarm_tasks.warm_start" in cmdline else None
+        return pid if b"gswarm_tasks.serving.warm_start" in cmdline else None
 
     def ensure(self, env: dict[str, str], watch_pid: int) -> bool:
         """Start the warm starter unless one runs (or starts); True when one was started now."""
@@ -56,8 +56,8 @@ class WarmStarter:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if self._pid() is not None:
                 return False
-            argv = [sys.executable, "-m", "gswarm_tasks.warm_start", "--socket", str(self.sock_path), "--watch-pid",
-                    str(watch_pid)]  # fmt: skip
+            argv = [sys.executable, "-m", "gswarm_tasks.serving.warm_start", "--socket", str(self.sock_path),
+                    "--watch-pid", str(watch_pid)]  # fmt: skip
             with open(self.root / LOG, "ab") as logf:
                 proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         start_new_session=True, env=env)  # fmt: skip
@@ -97,7 +97,7 @@ def _preload() -> None:
     """Import what a built-in server imports to load a model (each optional: a node may lack one)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    for name in ("gswarm_tasks.model_server", "gswarm_tasks.generation", "torch", "transformers",
+    for name in ("gswarm_tasks.model_server", "gswarm_tasks.serving.generation", "torch", "transformers",
                  "sentence_transformers", "transformers.models.bert.modeling_bert",
                  "transformers.models.gpt2.modeling_gpt2", "werkzeug.serving"):  # fmt: skip
         try:
@@ -139,7 +139,7 @@ def _start(listener: socket.socket, conn: socket.socket, request: dict[str, Any]
         os.dup2(null, 0)
         os.environ.clear()
         os.environ.update(env)
-        from gswarm_tasks import model_server
+        from gswarm_tasks.serving import model_server
 
         code = model_server.main(args)
     except BaseException as exc:  # the child must never return into the starter's loop
@@ -196,7 +196,7 @@ def _answer(listener: socket.socket, conn: socket.socket) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gswarm_tasks.warm_start", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gswarm_tasks.serving.warm_start", description=__doc__.split("\n")[0])
     p.add_argument("--socket", required=True, type=Path)
     p.add_argument("--watch-pid", required=True, type=int, help="exit once this process (the node worker) is gone")
     args = p.parse_args(argv)

@@ -14,11 +14,11 @@ from urllib.parse import urlparse
 
 import urllib3
 
-from .errors import Forbidden, InvalidRequest, NetworkError, NotFound, ResourceUnavailable
-from .settings import Settings
-from .sources import parse_source
-from .storage import CHUNK
-from .urls import Allow, Url, fetch, parse_url
+from ..errors import Forbidden, InvalidRequest, NetworkError, NotFound, ResourceUnavailable
+from ..models.sources import parse_source
+from ..settings import Settings
+from ..storage import CHUNK
+from ..urls import Allow, Url, fetch, parse_url
 
 Progress = Callable[[int], None]
 

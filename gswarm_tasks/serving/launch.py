@@ -11,13 +11,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .context import NodeContext
-from .devices import Device
+from ..context import NodeContext
+from ..devices import Device
+from ..errors import ResourceUnavailable, TaskFailed
+from ..ports import pick_port, port_free
+from ..settings import Settings
 from .engines import Engine
-from .errors import ResourceUnavailable, TaskFailed
-from .service_key import new_key, write_key
-from .serving import pick_port, port_free, server_env
-from .settings import Settings
+from .keys import new_key, write_key
+from .replicas import server_env
 
 log = logging.getLogger(__name__)
 

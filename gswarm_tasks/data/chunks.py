@@ -16,15 +16,15 @@ from typing import Any
 
 import blake3
 
-from .context import NodeContext
-from .data_sources import fetch_into
-from .devices import Device
-from .errors import InvalidRequest, NetworkError, NotFound, VerificationError
-from .settings import Settings
-from .storage import hash_bytes, hash_file, verified_copy
-from .storage import prefix as storage_prefix
-from .transfer.client import pull_files, read_file
-from .transfer.tokens import sign_token, transfer_secret
+from ..context import NodeContext
+from ..devices import Device
+from ..errors import InvalidRequest, NetworkError, NotFound, VerificationError
+from ..settings import Settings
+from ..storage import hash_bytes, hash_file, verified_copy
+from ..storage import prefix as storage_prefix
+from ..transfer.client import pull_files, read_file
+from ..transfer.tokens import sign_token, transfer_secret
+from .sources import fetch_into
 
 Progress = Callable[[int], None]
 HASH_FROM_MEMORY = 1 << 20  # bytes given inline up to this are hashed as they are, not read back

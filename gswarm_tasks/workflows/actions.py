@@ -15,19 +15,19 @@ from typing import Any
 import redis
 from celery import Task
 
-from . import names
-from .celery_app import settings_of
-from .chunks import copy_chunk, read_chunk, store_chunk
-from .compute import merge_chunks, run_inference
-from .context import require_node
-from .devices import Device
-from .engines import key_headers
-from .errors import Cancelled, InvalidRequest, NotFound, TaskFailed
-from .model_tasks import op_copy, op_delete, op_download, op_move
-from .reporting import Reporter
-from .service_key import key_for
-from .service_tasks import op_serve, op_stop
-from .urls import Allow, fetch, parse_url, service_ref
+from .. import names
+from ..celery_app import settings_of
+from ..context import require_node
+from ..data.chunks import copy_chunk, read_chunk, store_chunk
+from ..data.compute import merge_chunks, run_inference
+from ..devices import Device
+from ..errors import Cancelled, InvalidRequest, NotFound, TaskFailed
+from ..models.tasks import op_copy, op_delete, op_download, op_move
+from ..reporting import Reporter
+from ..serving.engines import key_headers
+from ..serving.keys import key_for
+from ..serving.tasks import op_serve, op_stop
+from ..urls import Allow, fetch, parse_url, service_ref
 
 REF_RE = re.compile(r"\$\{([^}]*)\}")
 DATA_ACTIONS = ("data_create", "data_move", "data_transfer", "inference", "data_merge")

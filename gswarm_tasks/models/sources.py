@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from .errors import InvalidRequest, NetworkError, NotFound, VerificationError
-from .storage import iter_files, verified_copy
-from .urls import parse_url
+from ..errors import InvalidRequest, NetworkError, NotFound, VerificationError
+from ..storage import iter_files, verified_copy
+from ..urls import parse_url
 
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _REV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")

@@ -11,16 +11,14 @@ import socket
 import time
 from typing import Any
 
-from . import (
-    data_tasks,  # noqa: F401  (registers the data tasks)
-    lifecycle,  # noqa: F401  (connects the worker's start, failure and shutdown hooks)
-    model_tasks,  # noqa: F401  (registers the model tasks)
-    names,
-    service_tasks,  # noqa: F401  (registers the service tasks)
-    step_task,  # noqa: F401  (registers the workflow step task)
-)
-from .celery_app import NodeTask, app
-from .context import current_node
+from .. import names
+from ..celery_app import NodeTask, app
+from ..context import current_node
+from ..data import tasks as data_tasks  # noqa: F401  (registers the data tasks)
+from ..models import tasks as model_tasks  # noqa: F401  (registers the model tasks)
+from ..serving import tasks as service_tasks  # noqa: F401  (registers the service tasks)
+from ..workflows import step_task  # noqa: F401  (registers the workflow step task)
+from . import lifecycle  # noqa: F401  (connects the worker's start, failure and shutdown hooks)
 from .heartbeat import node_info
 
 

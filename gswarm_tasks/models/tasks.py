@@ -16,18 +16,17 @@ from typing import Any
 
 from celery import Task
 
-from . import names
-from .celery_app import NodeTask, app, settings_of
-from .context import NodeContext, require_node
-from .devices import Device
-from .errors import InvalidRequest, NotFound, ResourceUnavailable
-from .locks import model_leases
-from .nvml import list_gpus
-from .reporting import Reporter, redis_of, run_op
-from .serving import pick_port
-from .settings import Settings
-from .sources import copy_local, download_hf, parse_source, verify_against_hub
-from .storage import (
+from .. import names
+from ..celery_app import NodeTask, app, settings_of
+from ..context import NodeContext, require_node
+from ..devices import Device
+from ..errors import InvalidRequest, NotFound, ResourceUnavailable
+from ..locks import model_leases
+from ..ports import pick_port
+from ..profiling.nvml import list_gpus
+from ..reporting import Reporter, redis_of, run_op
+from ..settings import Settings
+from ..storage import (
     build_manifest,
     check_tree,
     copy_tree_verified,
@@ -39,9 +38,10 @@ from .storage import (
     tree_size,
     write_manifest,
 )
-from .storage import prefix as storage_prefix
-from .transfer.client import fetch_manifest, pull_files
-from .transfer.tokens import sign_token, transfer_secret
+from ..storage import prefix as storage_prefix
+from ..transfer.client import fetch_manifest, pull_files
+from ..transfer.tokens import sign_token, transfer_secret
+from .sources import copy_local, download_hf, parse_source, verify_against_hub
 
 log = logging.getLogger(__name__)
 OPTS: dict[str, Any] = {"base": NodeTask, "bind": True}
@@ -204,7 +204,7 @@ def op_move(
             argv = [
                 sys.executable,
                 "-m",
-                "gswarm_tasks.gpu_holder",
+                "gswarm_tasks.models.gpu_holder",
                 "--model-path",
                 str(src_dir),
                 "--device",

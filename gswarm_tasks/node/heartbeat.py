@@ -16,8 +16,8 @@ from urllib.parse import urlparse
 import psutil
 import redis
 
-from . import names
-from .nvml import GpuSource, list_gpus
+from .. import names
+from ..profiling.nvml import GpuSource, list_gpus
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""A workflow step on its node: the step task and the actions it runs."""
