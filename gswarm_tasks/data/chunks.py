@@ -21,9 +21,8 @@ from ..devices import Device
 from ..errors import InvalidRequest, NetworkError, NotFound, VerificationError
 from ..settings import Settings
 from ..storage import hash_bytes, hash_file, verified_copy
-from ..storage import prefix as storage_prefix
 from ..transfer.client import pull_files, read_file
-from ..transfer.tokens import sign_token, transfer_secret
+from ..transfer.tokens import read_grant
 from .sources import fetch_into
 
 Progress = Callable[[int], None]
@@ -99,13 +98,6 @@ def _link(src: Path, tmp: Path, data: bytes) -> bool:
     return False
 
 
-def _token_for(settings: Settings, client: Any, source: dict[str, Any], chunk_id: str) -> tuple[str, str]:
-    """The prefix and a token, signed here for this one chunk, that let this node read it from `source`."""
-    prefix = storage_prefix(str(source["tier"]), "data", chunk_id)
-    secret = transfer_secret(client, settings.transfer_secret)
-    return prefix, sign_token(secret, str(source["node"]), prefix, settings.transfer_token_ttl_s)
-
-
 def copy_chunk(
     node: NodeContext,
     settings: Settings,
@@ -156,7 +148,7 @@ def copy_chunk(
     else:
         if not source.get("address") or not source.get("port"):
             raise NotFound(f"{source['node']} announced no file server", {"node": source["node"]})
-        prefix, token = _token_for(settings, client, source, chunk_id)
+        prefix, token = read_grant(client, settings, source, "data", chunk_id)
         staging = node.tiers.staging_dir(tier, f"chunk-{key}")
         wire["compression"] = compression
         try:
@@ -204,7 +196,7 @@ def read_chunk(
         data = path.read_bytes()
     else:
         source = {"node": dev.node, "tier": dev.tier}
-        prefix, token = _token_for(settings, client, source, chunk_id)
+        prefix, token = read_grant(client, settings, source, "data", chunk_id)
         try:
             data = read_file(str(loc["address"]), int(loc["file_port"]), token, prefix)
         except (KeyError, TypeError, ValueError) as exc:

@@ -38,9 +38,8 @@ from ..storage import (
     tree_size,
     write_manifest,
 )
-from ..storage import prefix as storage_prefix
 from ..transfer.client import fetch_manifest, pull_files
-from ..transfer.tokens import sign_token, transfer_secret
+from ..transfer.tokens import read_grant
 from .sources import copy_local, download_hf, parse_source, verify_against_hub
 
 log = logging.getLogger(__name__)
@@ -94,14 +93,6 @@ def op_download(node: NodeContext, settings: Settings, op_id: str, model: str, s
     return body, lambda: shutil.rmtree(staging, ignore_errors=True)
 
 
-def _peer_token(settings: Settings, client: Any, source: dict[str, Any], model: str) -> tuple[str, str]:
-    """(prefix, token) to read `model` from a peer: signed here, for that one model and a few minutes, so no
-    token travels in a task's arguments (where Flower and the broker would show it)."""
-    prefix = storage_prefix(str(source["tier"]), "models", model)
-    secret = transfer_secret(client, settings.transfer_secret)
-    return prefix, sign_token(secret, str(source["node"]), prefix, settings.transfer_token_ttl_s)
-
-
 def op_copy(
     node: NodeContext,
     settings: Settings,
@@ -121,7 +112,7 @@ def op_copy(
     def body(rep: Reporter) -> dict[str, Any]:
         local = source["node"] == node.name
         if not local:
-            prefix, token = _peer_token(settings, rep.client, source, model)
+            prefix, token = read_grant(rep.client, settings, source, "models", model)
         man = manifest
         if man is None:  # a workflow step: the manifest travels with the model, read it from the source
             man = (

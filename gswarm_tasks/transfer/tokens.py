@@ -8,10 +8,13 @@ import hmac
 import json
 import secrets
 import time
+from typing import Any
 
 import redis
 
 from .. import names
+from ..settings import Settings
+from ..storage import prefix as storage_prefix
 
 
 def transfer_secret(client: redis.Redis, configured: str | None) -> bytes:
@@ -56,3 +59,14 @@ def verify_token(secret: bytes, token: str, node: str, path: str) -> None:
     prefix = str(claims.get("prefix", "")).strip("/")
     if not prefix or not (path == prefix or path.startswith(prefix + "/")):
         raise PermissionError("token does not cover this path")
+
+
+def read_grant(
+    client: redis.Redis, settings: Settings, source: dict[str, Any], kind: str, name: str
+) -> tuple[str, str]:
+    """(prefix, token) to read model or chunk `name` (`kind`: models or data) from the peer `source` names: signed
+    on the reading node, for that one prefix and a few minutes, so no token travels in a task's arguments (where
+    Flower and the broker would show it)."""
+    prefix = storage_prefix(str(source["tier"]), kind, name)
+    secret = transfer_secret(client, settings.transfer_secret)
+    return prefix, sign_token(secret, str(source["node"]), prefix, settings.transfer_token_ttl_s)

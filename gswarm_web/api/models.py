@@ -126,26 +126,24 @@ class DownloadSchema(ma.Schema):
     verify_checksum = VERIFY
 
 
-class MoveSchema(ma.Schema):
+class _FromToSchema(ma.Schema):
+    """What a move and a copy both take: from which copy, to which device, how."""
+
     source_device = ma.fields.String(load_default="auto", metadata={"description": "a copy, or auto (the best)"})
     target_device = ma.fields.String(
         load_default="auto", metadata={"description": "a device, or auto / auto:<tier> (default)"}
     )
+    priority = PRIORITY
+    compression = COMPRESSION
+    verify_checksum = VERIFY
+
+
+class MoveSchema(_FromToSchema):
     keep_source = ma.fields.Boolean(load_default=False)
-    priority = PRIORITY
-    compression = COMPRESSION
-    verify_checksum = VERIFY
 
 
-class CopySchema(ma.Schema):
-    source_device = ma.fields.String(load_default="auto", metadata={"description": "a copy, or auto (the best)"})
-    target_device = ma.fields.String(
-        load_default="auto", metadata={"description": "a device, or auto / auto:<tier> (default)"}
-    )
+class CopySchema(_FromToSchema):
     bandwidth_limit = ma.fields.Integer(validate=ma.validate.Range(min=1), metadata={"description": "bytes/s"})
-    priority = PRIORITY
-    compression = COMPRESSION
-    verify_checksum = VERIFY
 
 
 class LocationCreateSchema(ma.Schema):
