@@ -32,6 +32,8 @@ from ..errors import GswarmError, InvalidRequest, ModelNotFound, NotFound, Resou
 from .engines import KEY_HEADER
 from .generation import chat_prompt, complete, events, params_of, stream_text
 from .inflight import Active
+from .keepalive import IDLE_S, accepted
+from .keepalive import make_server as keep_alive_server
 from .keys import read_key_file, require_key
 
 log = logging.getLogger("gswarm.model_server")
@@ -236,6 +238,7 @@ class _Server:
         return jsonify(
             status="ok", model=self.name, task=self.backend.task, device=self.device, uptime_s=uptime,
             requests_total=self.requests_total, embedding_passes=self.backend.passes, pid=os.getpid(),
+            connections_total=accepted(),
         )  # fmt: skip
 
     def models(self) -> Response:
@@ -322,10 +325,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--max-batch-size", type=int, default=64, help="most inputs/prompts per request")
     p.add_argument("--threads", type=int, default=0, help="torch threads of a forward pass (0: torch's default)")
+    p.add_argument("--keep-alive-s", type=float, default=IDLE_S, help="idle keep-alive connections close after it")
     p.add_argument("--key-file", type=Path, help=f"file holding the key every request must send in {KEY_HEADER}")
     args = p.parse_args(argv)
-    if args.max_batch_size < 1 or not 0 <= args.port <= 65535 or args.threads < 0:
-        p.error("--max-batch-size must be >= 1, --port in [0, 65535] and --threads >= 0")
+    if args.max_batch_size < 1 or not 0 <= args.port <= 65535 or args.threads < 0 or not args.keep_alive_s > 0:
+        p.error("--max-batch-size must be >= 1, --port in [0, 65535], --threads >= 0 and --keep-alive-s > 0")
     return args
 
 
@@ -350,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if server is None:  # still loading: nothing to drain
             raise SystemExit(0)
+        server.stopping = True  # keep-alive connections close after their current response
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -372,13 +377,11 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(exc)
     except Exception as exc:  # a broken model directory, a missing library, out of memory...
         return _fail(f"INTERNAL: cannot load {path} as {args.task}: {type(exc).__name__}: {exc}")
-    from werkzeug.serving import make_server
-
     app = create_app(backend, args.model_name, device, args.max_batch_size, key)
     active = Active(app.wsgi_app)
     app.wsgi_app = active  # type: ignore[method-assign]
     try:
-        server = make_server(args.host, args.port, app, threaded=True)
+        server = keep_alive_server(args.host, args.port, app, args.keep_alive_s)
     except OSError as exc:
         return _fail(ResourceUnavailable(f"cannot bind {args.host}:{args.port}: {exc}", {"port": args.port}))
     print(f"gswarm-model-server ready on http://{args.host}:{server.server_port}", flush=True)
