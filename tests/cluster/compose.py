@@ -9,7 +9,8 @@ import os
 import secrets
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,26 @@ class Cluster:
     def ip(self, service: str, network: str = "broker") -> str:
         nets = json.loads(self.docker("inspect", "-f", "{{json .NetworkSettings.Networks}}", self.container(service)))
         return str(nets[self.network(network)]["IPAddress"])
+
+    @contextmanager
+    def throttled(self, service: str, rate: str) -> Iterator[None]:
+        """The service's outgoing traffic held to `rate` (tc's token bucket on each of its interfaces, set from a
+        throwaway container in its network namespace with NET_ADMIN: the service itself gets no capability), lifted on
+        exit."""
+        cid = self.container(service)
+
+        def tc(script: str) -> str:
+            return self.docker(
+                "run", "--rm", "--network", f"container:{cid}", "--cap-add", "NET_ADMIN", "--user", "0",
+                "--entrypoint", "sh", "gswarm-serve:test", "-c",
+                f"for d in $(ls /sys/class/net | grep -vx lo); do {script}; done",
+            )  # fmt: skip
+
+        tc(f"tc qdisc replace dev $d root tbf rate {rate} burst 256kb latency 200ms")
+        try:
+            yield
+        finally:
+            tc("tc qdisc del dev $d root 2>/dev/null || true")
 
     def logs(self, *services: str, tail: int = 80) -> str:
         return self.compose("logs", "--no-color", "--tail", str(tail), *services, check=False).stdout
