@@ -184,12 +184,18 @@ def resend_unsent(older_than_s: float = 5.0) -> int:
     )
     for rec in rows:
         log.warning("sending operation %s (%s) again: it never reached the broker", rec.id, rec.kind)
-    db.session.info[_OUTBOX] = [_Outgoing(rec) for rec in rows]
-    try:
-        send_recorded()
-    except NetworkError as exc:
-        log.warning("resending operations failed: %s", exc)
+    _send_again(rows)
     return len(rows)
+
+
+def _send_again(rows: list[TaskRecord]) -> None:
+    """Send recorded operations again, their rows unchanged."""
+    if rows:
+        db.session.info[_OUTBOX] = [_Outgoing(rec) for rec in rows]
+        try:
+            send_recorded()
+        except NetworkError as exc:
+            log.warning("sending operations again failed: %s", exc)
 
 
 def resend_untaken(older_than_s: float, confirm_s: float = 5.0, limit: int = 200) -> int:
@@ -229,12 +235,7 @@ def resend_untaken(older_than_s: float, confirm_s: float = 5.0, limit: int = 200
     due = _confirmed(client, lost, confirm_s, older_than_s)
     for rec in due:
         log.warning("operation %s (%s) was taken by no worker of %s: sending it again", rec.id, rec.kind, rec.node)
-    if due:
-        db.session.info[_OUTBOX] = [_Outgoing(rec) for rec in due]
-        try:
-            send_recorded()
-        except NetworkError as exc:
-            log.warning("resending untaken operations failed: %s", exc)
+    _send_again(due)
     return len(due)
 
 
