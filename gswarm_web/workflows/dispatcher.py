@@ -13,8 +13,6 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from celery import chain
-
 from gswarm_tasks import names
 from gswarm_tasks.celery_app import priority_value
 
@@ -121,6 +119,16 @@ def _batched(producer: Any) -> Any:
     return batch(max_size=4 * _PUBLISH_BATCH) if batch is not None else contextlib.nullcontext()
 
 
+def _send_chain(sigs: list[Any], producer: Any) -> None:
+    """A Celery chain, sent as Celery's `chain.apply_async` sends it: the first step's message carries the rest of
+    the chain (last step first) in the protocol's `chain` field, and each step, done, sends the next. Published here
+    with the caller's producer: `chain.apply_async(producer=...)` does not hand its producer on to the first step,
+    which would take one of its own from the pool, outside the batch (a Redis round trip per chain), and it copies
+    and freezes every signature for results that `ignore_result` steps never have."""
+    first, rest = sigs[0], sigs[:0:-1]
+    first.apply_async(producer=producer, **({"chain": rest} if rest else {}))
+
+
 def send(sends: Sends) -> None:
     if not sends:
         return
@@ -139,13 +147,13 @@ def send(sends: Sends) -> None:
                 # One Redis round trip for the batch's messages; a row is `dispatched` only once it went out.
                 with _batched(producer):
                     for run_id, seg in batch:
-                        sigs = [_signature(app, run_id, s) for s in seg]
-                        canvas = sigs[0] if len(sigs) == 1 else chain(*sigs, app=app)
-                        canvas.apply_async(producer=producer)
+                        _send_chain([_signature(app, run_id, s) for s in seg], producer)
                 sent.extend(s.id for _, seg in batch for s in seg)
     finally:
         if sent:
-            db.session.execute(db.update(TaskRecord).where(TaskRecord.id.in_(sent)).values(dispatched=True))
+            # the session's objects are not looked through (the commit expires them all anyway)
+            done = db.update(TaskRecord).where(TaskRecord.id.in_(sent)).values(dispatched=True)
+            db.session.execute(done.execution_options(synchronize_session=False))
             db.session.commit()
 
 
