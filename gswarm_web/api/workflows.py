@@ -15,7 +15,7 @@ from ..extensions import db
 from ..tables import TaskRecord, WorkflowRun
 from ..workflows.cancel import cancel_workflow
 from ..workflows.spec import load_document
-from ..workflows.submit import check, submit
+from ..workflows.submit import check, collector_held, submit
 from .pagination import PageArgsSchema, PageSchema, page_of
 
 blp = Blueprint("workflows", __name__, url_prefix="/api/v1", description="Workflows: YAML DAGs run by the fleet")
@@ -183,7 +183,8 @@ class Workflows(MethodView):
     )
     def post(self) -> WorkflowRun:
         """Submit a workflow (YAML, JSON or a multipart `file`); 422 names the action and field"""
-        return submit(read_document())
+        with collector_held():
+            return submit(read_document())
 
 
 @blp.route("/workflows/validate")
@@ -193,7 +194,8 @@ class WorkflowValidate(MethodView):
         """Validate a workflow without running it: every check a submission runs (the document, the fleet's nodes,
         the registry, sources, URLs, placement, chunks), the same 4xx it would get; `steps` says where each would
         run, `warnings` what would fail when it runs unless the fleet changes first (a GPU its node lacks)"""
-        return check(read_document())
+        with collector_held():
+            return check(read_document())
 
 
 @blp.route("/workflows/<string:workflow_id>")

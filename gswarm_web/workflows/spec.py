@@ -16,7 +16,8 @@ from gswarm_tasks.errors import InvalidRequest
 from ..scheduling.documents import parse_yaml
 from .actions import OUTPUTS, Errors
 from .document import Action, Workflow
-from .schemas import Choice, Number, Text, flatten, parse_action
+from .schemas import Choice, Number, Text, flatten
+from .shapes import Shapes
 from .urls import check_url_fields, node_hosts
 
 MAX_DOCUMENT_BYTES = 8 * 1024 * 1024
@@ -204,8 +205,9 @@ def validate(doc: Mapping[str, Any], task_timeout_s: float = 3600) -> Workflow:
         errors.raise_if_any()
     actions: dict[str, Action] = {}
     refused: set[str] = set()  # actions refused for their own fields: named, but not checked as a graph
+    shapes = Shapes()  # actions that differ only in id and dependencies are loaded once
     for i, raw in enumerate(raw_actions):
-        aid, a = parse_action(errors, i, raw, task_timeout_s)
+        aid, a = shapes.parse(errors, i, raw, task_timeout_s)
         if aid is not None and (aid in actions or aid in refused):
             errors.add(f"actions[{aid}].action_id", "duplicate action id")
         elif a is not None:
