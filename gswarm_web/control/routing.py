@@ -41,6 +41,7 @@ REFRESH_MAX_S = 3.0  # the longest a table is kept when no replica started or st
 QUARANTINE_S = 5.0
 LAST_REQUEST_EVERY_S = 1.0
 READ_TIMEOUT_S = 600.0
+REUSE_S = 4.0  # a connection idle longer is not reused: engines close idle ones (uvicorn, as vLLM runs it, at 5 s)
 LOAD_BALANCING = ("least_requests", "round_robin")
 # A service's `config` keys that are the service's own (the original's), not its serving preset's parameters;
 # `nodes` is kept there too (the nodes a service is pinned to) and never sent to a node.
@@ -106,7 +107,21 @@ class ReplicaConnection(urllib3.connection.HTTPConnection):
 
 
 class ReplicaPool(urllib3.HTTPConnectionPool):
+    """Keep-alive connections to one replica; one idle past REUSE_S is reconnected rather than raced against the
+    replica's own idle close (a request sent as it closes would fail, and quarantine a healthy replica)."""
+
     ConnectionCls = ReplicaConnection
+
+    def _get_conn(self, timeout: float | None = None) -> Any:
+        conn = super()._get_conn(timeout)
+        if time.monotonic() - getattr(conn, "gswarm_idle_since", float("inf")) > REUSE_S:
+            conn.close()  # the request connects it again
+        return conn
+
+    def _put_conn(self, conn: Any) -> None:
+        if conn is not None:
+            conn.gswarm_idle_since = time.monotonic()
+        super()._put_conn(conn)
 
 
 def replica_http() -> urllib3.PoolManager:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gswarm_tasks.serving.engines import KEY_HEADER
+from gswarm_web.control import routing
 from gswarm_web.control.routing import replica_http
 from tests.integration.test_model_server import KEY, Server, gt_minilm, tiny_lm
 
@@ -99,6 +100,20 @@ def test_the_gateways_pool_reuses_connections_to_the_server(minilm: Server) -> N
     assert not failures
     grown = connections(minilm) - before - 3
     assert 0 <= grown <= 3, f"{grown} new connections for 40 requests from 4 threads (at most 3 more than 1)"
+
+
+def test_the_gateways_pool_reconnects_a_connection_idle_past_its_reuse_bound(
+    minilm: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    http = replica_http()
+    headers = {"Content-Type": "application/json", KEY_HEADER: KEY}
+    url = minilm.url + "/v1/embeddings"
+    monkeypatch.setattr(routing, "REUSE_S", 0.0)  # every connection counts as idle too long
+    before = connections(minilm)
+    for i in range(3):
+        resp = http.request("POST", url, body=json.dumps({"input": [f"text {i}"]}).encode(), headers=headers)
+        assert resp.status == 200, resp.data
+    assert connections(minilm) == before + 4  # a connection per request, and the count's own
 
 
 def test_an_idle_connection_is_closed_after_the_timeout(minilm: Server) -> None:
