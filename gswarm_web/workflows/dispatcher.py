@@ -61,9 +61,10 @@ def _signature(app: Any, run_id: str, step: Any) -> Any:
     # The message carries ids only; the step's full spec waits in Redis (a chain message carries every later
     # signature of the chain, so small ones keep a long chain from costing O(n^2) in serialization).
     ref = {"task_id": step.id, "workflow_id": run_id, "step_id": step.step_id}
-    # A step's outcome travels on the reports stream: the sender does not subscribe to a Celery result, and the
-    # message's argsrepr is the plain repr (Celery's saferepr walks every argument).
-    opts.update(ignore_result=True, argsrepr=repr((ref,)), kwargsrepr="{}")
+    # A step's outcome travels on the reports stream: the sender does not subscribe to a Celery result. What
+    # monitors show of its arguments (argsrepr) is its step's id: it is copied into every earlier message of its
+    # chain, where the ids' repr was half the signature's bytes (Celery's own saferepr walks every argument).
+    opts.update(ignore_result=True, argsrepr=f"({step.step_id!r},)", kwargsrepr="{}")
     return app.signature(names.WORKFLOW_STEP, args=(ref,), immutable=True, **opts)
 
 
