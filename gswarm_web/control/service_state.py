@@ -204,8 +204,11 @@ def on_succeeded(rec: TaskRecord, data: dict[str, Any]) -> None:
     elif rec.kind == "stop_serve":
         rep.status, rep.stopped_at = "stopped", now()
         _forget([rep.id])
-        if rep.service.members and all(r.status in ENDED for r in rep.service.members):
-            rep.service.status = "stopping"  # every replica stopped on purpose: the service is stopped, not failed
+        svc = rep.service
+        # Every replica stopped on purpose: the service is stopped, not failed; unless it sleeps (idle unload, or
+        # scaled to zero), when the next request starts it again.
+        if svc.status != "idle" and svc.replicas > 0 and svc.members and all(r.status in ENDED for r in svc.members):
+            svc.status = "stopping"
     refresh(rep.service)
 
 

@@ -182,6 +182,9 @@ def test_an_idle_service_is_unloaded_and_a_request_brings_it_back(
     _running(fleet, svc["id"], 1)
     idle = wait_for(lambda: (s := _service(fleet, svc["id"]))["status"] == "idle" and s, 60, "the service unloaded")
     assert idle["ready_replicas"] == 0
+    stopped = lambda: all(i["status"] == "stopped" for i in _service(fleet, svc["id"])["instances"])  # noqa: E731
+    wait_for(stopped, 60, "the replica's stop reported")
+    assert _service(fleet, svc["id"])["status"] == "idle"  # asleep, not stopped: the next request starts it
     wait_for(lambda: "node1:dram" in fleet.get(f"/models/{name}")[1]["locations"], 60, "weights staged in dram")
     started = time.monotonic()
     r = _embed(fleet, fleet.token, name, timeout=120)  # waits for the cold start (the bound asserted below)
