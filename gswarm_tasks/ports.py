@@ -8,7 +8,11 @@ from .errors import ResourceUnavailable
 
 
 def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on `port` now. Servers bind with SO_REUSEADDR (werkzeug, uvicorn), so a port
+    whose last connections wait in TIME_WAIT (a keep-alive server that closed them on exit) is free; on Linux the
+    option never lets two listen on one port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

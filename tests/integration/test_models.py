@@ -178,6 +178,7 @@ def test_serve_on_cpu_embeds_two_sentences_then_stop_frees_the_port(fleet: Fleet
     assert fleet.wait_task(stop["task_id"])["status"] == "succeeded"
     assert fleet.get(f"/services/{sid}")[1]["status"] == "stopped"
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds: TIME_WAIT does not hold it
         s.bind(("127.0.0.1", svc["port"]))  # the port is free again
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{svc['url']}/health", timeout=2)
