@@ -8,11 +8,10 @@ from .errors import ResourceUnavailable
 
 
 def port_free(host: str, port: int) -> bool:
-    """Whether a server could listen on `port` now. Servers bind with SO_REUSEADDR (werkzeug, uvicorn), so a port
-    whose last connections wait in TIME_WAIT (a keep-alive server that closed them on exit) is free; on Linux the
-    option never lets two listen on one port."""
+    """Whether `port` is free for a new replica: nothing listens on it and no connection of an earlier server waits
+    in TIME_WAIT there. A server could bind such a port (they set SO_REUSEADDR), but a replica on a fresh port has a
+    fresh URL, which nothing kept for the old one (the gateway's pooled connections, the keys it read) can reach."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
