@@ -9,12 +9,14 @@ import os
 import secrets
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import requests
+
+from tests.integration.procs import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "gswarmcluster"
@@ -22,21 +24,6 @@ API = "http://127.0.0.1:8091"
 FLOWER = "http://127.0.0.1:5555"
 OUT = Path(os.environ.get("GSWARM_CLUSTER_DIR", "/tmp/gswarm-cluster"))
 MODEL_REPO = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:
-    """Poll `cond` until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = cond()
-            if value:
-                return value
-        except Exception as exc:  # the cluster may not answer while a fault lasts
-            last = exc
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}" + (f" ({last!r})" if last else ""))
 
 
 def model_dir() -> Path:

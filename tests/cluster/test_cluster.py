@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import requests
 
-from tests.cluster.compose import API, FLOWER, MODEL_REPO, Cluster, wait_for
+from tests.cluster.compose import API, FLOWER, MODEL_REPO, Cluster
+from tests.integration.procs import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 

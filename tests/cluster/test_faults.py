@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.compose import Cluster, wait_for
+from tests.cluster.compose import Cluster
 from tests.cluster.faults import Ledger, Row
+from tests.integration.procs import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 
