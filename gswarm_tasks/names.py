@@ -115,6 +115,11 @@ def step_done_key(task_id: str) -> str:
     return f"gswarm:step-done:{task_id}"
 
 
+def inline_step_key(task_id: str) -> str:
+    """The step that the message `task_id` runs now, after its own (workflows/inline.py)."""
+    return f"gswarm:step-inline:{task_id}"
+
+
 def workflow_outputs_key(workflow_id: str) -> str:
     return f"gswarm:wf:{workflow_id}:outputs"
 

@@ -4,6 +4,7 @@ of it stops and the node says it is offline."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -169,7 +170,13 @@ def _on_task_failure(
     try:
         if sender.name == names.WORKFLOW_STEP:
             ref: dict[str, Any] = (args or [None])[0] or (kwargs or {}).get("spec") or {}
-            report(redis_of(sender), names.REPORT_STEP, ref["task_id"], "failed", error, workflow_id=ref["workflow_id"])
+            client = redis_of(sender)
+            report(client, names.REPORT_STEP, ref["task_id"], "failed", error, workflow_id=ref["workflow_id"])
+            # the message may have died in a later step of its chain that it ran itself (workflows/inline.py)
+            running = client.get(names.inline_step_key(str(task_id))) if task_id else None
+            if running:
+                ref = json.loads(running)
+                report(client, names.REPORT_STEP, ref["task_id"], "failed", error, workflow_id=ref["workflow_id"])
         elif (kwargs or {}).get("op_id"):
             report(redis_of(sender), names.REPORT_OPERATION, kwargs["op_id"], "failed", error)
     except Exception as exc:

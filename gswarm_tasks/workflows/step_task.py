@@ -3,7 +3,9 @@
 Steps of a linear stretch of the DAG travel as one Celery chain; a step reports started / retrying /
 succeeded / failed / cancelled to the intake stream, which the control worker reads to record states and
 start whatever became ready. Outputs go to Redis first, so a later step of the same chain can resolve
-`${step.field}` before the control worker has even seen the event. A step is idempotent by its task id.
+`${step.field}` before the control worker has even seen the event. A step is idempotent by its task id. The next
+steps of a chain that run on the same node are run by the message that ran the step before them, without a
+broker round trip each (workflows/inline.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import redis
 from celery import Task
+from celery.app.task import Context
 from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 
 from .. import names
@@ -29,6 +32,7 @@ from ..errors import Cancelled, GswarmError, InvalidRequest, LeaseBusy, TaskFail
 from ..locks import device_leases, model_leases
 from ..models.tasks import lease_tiers
 from ..reporting import redis_of, report
+from . import inline
 from .actions import recorded_outputs, resolve, run_action
 
 log = logging.getLogger(__name__)
@@ -172,12 +176,37 @@ class StepTask(NodeTask):
 
 @app.task(name=names.WORKFLOW_STEP, base=StepTask, bind=True)
 def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
-    """Run one workflow action; stop the rest of its chain when it fails or is cancelled.
+    """Run one workflow action, then the next steps of its chain that are this node's (workflows/inline.py); stop
+    the rest of its chain when one fails or is cancelled.
 
     The message names the step; its spec (action, parameters, retries, devices) is read from Redis."""
     client = redis_of(self)
+    outer = self.request
+    outer.gswarm_began = time.monotonic()
+    result = _one(self, client, spec)
+    current = outer
+    while (nxt := getattr(current, "gswarm_next", None)) is not None:
+        sig, prefetched = nxt
+        outer.chain.pop()
+        self.request_stack.push(Context(**inline.context(outer, sig, prefetched)))  # not push_request: it copies
+        current = self.request
+        try:
+            result = _one(self, client, sig["args"][0])
+        except (Retry, Ignore):
+            current.chain = None  # the step went back to the broker, with the rest of its chain
+        except Exception as exc:  # reported failed: its chain stops
+            log.info("step %s failed: %s", current.id, exc)
+            current.chain = None
+        finally:
+            self.pop_request()
+        outer.chain = current.chain  # what Celery sends on when this message is done (None: nothing)
+    return result
+
+
+def _one(task: Task, client: redis.Redis, spec: dict[str, Any]) -> dict[str, Any] | None:
+    """One step, as the task's current request."""
     try:
-        return _step(self, client, spec)
+        return _step(task, client, spec)
     except REDIS_DOWN as exc:
         # Redis went away under the step (a restart, a failover): not the step's failure, and not one of its
         # retries. Once Redis answers again the step starts over, same id, same chain, same retry count (an action
@@ -185,7 +214,7 @@ def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
         if not _redis_back(client, REDIS_BACK_WITHIN_S):
             raise
         log.warning("step %s: Redis went away (%s); running it again", spec.get("task_id"), exc)
-        _again(self, client, countdown=0.0)
+        _again(task, client, countdown=0.0)
         raise Ignore() from None
 
 
@@ -204,7 +233,8 @@ def _redis_back(client: redis.Redis, within_s: float) -> bool:
 
 def _again(task: Task, client: redis.Redis, countdown: float) -> None:
     """Send this step again (same id, chain and retry count) without counting this delivery, and stop here."""
-    client.decr(names.deliveries_key(str(task.request.id), int(task.request.retries or 0)))
+    if not getattr(task.request, "gswarm_inline", False):  # a step run inline was not counted as a delivery
+        client.decr(names.deliveries_key(str(task.request.id), int(task.request.retries or 0)))
     task.signature_from_request(countdown=countdown).apply_async()
     _stop_chain(task)
 
@@ -218,7 +248,9 @@ def _step(self: Task, client: redis.Redis, spec: dict[str, Any]) -> dict[str, An
         return None
     if done is not None:  # a redelivery of a finished step: report again, do nothing again
         previous = json.loads(done)
-        emit(client, spec, "succeeded", outputs=previous, redelivered=True)
+        pipe = client.pipeline(transaction=False)
+        emit(pipe, spec, "succeeded", outputs=previous, redelivered=True)
+        _execute(self, pipe)
         return dict(previous)
     with ExitStack() as held:
         return _run_and_report(self, client, spec, attempt, held)
@@ -252,8 +284,20 @@ def _run_and_report(
     pipe.expire(outputs_key, names.KEEP_S)
     pipe.set(names.step_done_key(spec["task_id"]), json.dumps(result), ex=names.KEEP_S)
     emit(pipe, spec, "succeeded", at=finished_at, outputs=result, attempt=attempt, started_at=started_at)
-    pipe.execute()
+    _execute(self, pipe)
     return _public(result)
+
+
+def _execute(task: Task, pipe: Any) -> None:
+    """Send a done step's writes; when this message runs the chain's next step itself, the round trip also marks
+    it and reads what that step checks before it starts."""
+    sig = inline.candidate(task.request)
+    if sig is not None:
+        inline.mark(pipe, task.request, sig, names.KEEP_S)
+        _prologue_reads(pipe, sig["args"][0])
+    replies = pipe.execute()
+    if sig is not None:
+        task.request.gswarm_next = (sig, replies[-3:])
 
 
 def _public(result: dict[str, Any]) -> dict[str, Any]:
