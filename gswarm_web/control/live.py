@@ -12,6 +12,13 @@ A request's count-out (and its measures) is not sent on its response's path: it 
 flusher of its own sends in one pipelined round trip with whatever else finished meanwhile. With a keep-alive
 client the count-out had run before the next request was read, so both Redis round trips sat on every request's
 path. A count-out still in the outbox when its process dies is in the process's share, which `heal` takes back.
+
+The flusher also reads the whole gateway's counts back in that round trip (with the draining replicas and the
+version). A service with no `max_in_flight` is then picked for from that read, when it is at most FRESH_S old, plus
+this process's count-ins and count-outs not sent yet, and its count-in joins the outbox too: no Redis round trip on
+the request's path at all (a pick differs from the script's only by the other processes' requests of the last few
+milliseconds). A service with `max_in_flight` is always picked for by the script: its bound holds across
+processes only if the check and the count are one step.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ LEASE_S = 15.0
 RENEW_EVERY_S = 5.0
 OUTBOX_MAX = 100_000  # count-outs kept while Redis is away (beyond it the oldest are dropped; heal cannot help)
 RETRY_S = 0.5  # a flush that failed is tried again after this long
+FRESH_S = 0.5  # a local pick trusts the gateway's counts read back this recently (else it asks the script)
 CHANGED = "gswarm_serve_changed"  # session.info key: a replica started or stopped serving in this transaction
 
 PICK = """
@@ -98,9 +106,16 @@ class Share:
         self.done_script: Any = client.register_script(DONE)
         self.renewing = False
         self.lock = threading.Lock()
-        self.outbox: list[tuple[list[str], list[Any]]] = []
+        self.outbox: list[tuple[str, list[Any]]] = []  # ("in", [field]) or ("out", DONE's keys + args)
         self.wake = threading.Event()
         self.flushing = False
+        # the gateway's counts as the last flush read them back, and what this process queued since
+        self.seen: dict[str, int] = {}
+        self.seen_draining: set[str] = set()
+        self.seen_version = ""
+        self.seen_at = float("-inf")
+        self.pending: dict[str, int] = {}
+        self.turns: dict[str, int] = {}
 
     def renew(self) -> None:
         """Keep the lease alive while the process lives (a thread of its own, started at the first pick)."""
@@ -127,21 +142,52 @@ class Share:
         chosen = best.decode() if isinstance(best, bytes) else None
         return chosen, version.decode() if isinstance(version, bytes) else str(version)
 
+    def pick_local(self, model: str, policy: str, candidates: list[str]) -> tuple[str | None, str] | None:
+        """As `pick` for a service with no `max_in_flight`, from the counts the flusher read back at most FRESH_S
+        ago (None: none that fresh: ask `pick`); the count-in joins the outbox."""
+        self.renew()
+        with self.lock:
+            if time.monotonic() - self.seen_at > FRESH_S:
+                return None
+            ok = [r for r in candidates if r not in self.seen_draining]
+            if not ok:
+                return None, self.seen_version
+            turn = self.turns.get(model, 0)
+            self.turns[model] = turn + 1
+            best = ok[turn % len(ok)]
+            if policy != "round_robin":
+                fewest = None
+                for i in range(len(ok)):
+                    r = ok[(turn + i) % len(ok)]
+                    c = self.seen.get("r:" + r, 0) + self.pending.get("r:" + r, 0)
+                    if fewest is None or c < fewest:
+                        best, fewest = r, c
+            self._queue("in", ["r:" + best])
+            return best, self.seen_version
+
     def count_out(self, keys: list[str], args: list[Any]) -> None:
         """Queue a request's count-out (serve_stats.DONE with these keys and args) for the flusher to send."""
         with self.lock:
-            self.outbox.append((keys, args))
-            if len(self.outbox) > OUTBOX_MAX:
-                del self.outbox[: len(self.outbox) - OUTBOX_MAX]
-            if not self.flushing:
-                self.flushing = True
-                threading.Thread(target=self._flush_forever, name="gswarm-serve-outbox", daemon=True).start()
+            self._queue("out", [*keys, *args])
+
+    def _queue(self, kind: str, entry: list[Any]) -> None:
+        """(under the lock) One more change for the flusher; the flusher started the first time."""
+        self.outbox.append((kind, entry))
+        field = entry[0] if kind == "in" else entry[3]
+        self.pending[field] = self.pending.get(field, 0) + (1 if kind == "in" else -1)
+        if len(self.outbox) > OUTBOX_MAX:
+            del self.outbox[: len(self.outbox) - OUTBOX_MAX]
+        if not self.flushing:
+            self.flushing = True
+            threading.Thread(target=self._flush_forever, name="gswarm-serve-outbox", daemon=True).start()
         self.wake.set()
 
     def flush(self) -> int:
-        """Send every queued count-out in one pipelined round trip; how many (put back if Redis failed)."""
+        """Send every queued change in one pipelined round trip that also reads the gateway's counts back; how many
+        (put back if Redis failed)."""
         with self.lock:
             batch, self.outbox = self.outbox, []
+            pending, self.pending = self.pending, {}
         if not batch:
             return 0
         try:
@@ -153,15 +199,30 @@ class Share:
         except redis.RedisError:
             with self.lock:
                 self.outbox[:0] = batch
+                for field, n in pending.items():
+                    self.pending[field] = self.pending.get(field, 0) + n
+                self.seen_at = float("-inf")
             raise
         return len(batch)
 
-    def _send(self, batch: list[tuple[list[str], list[Any]]]) -> None:
+    def _send(self, batch: list[tuple[str, list[Any]]]) -> None:
         # EVALSHA itself: a pipeline given Script objects asks SCRIPT EXISTS first, a round trip more per flush.
         pipe = self.client.pipeline(transaction=False)
-        for keys, args in batch:
-            pipe.evalsha(self.done_script.sha, len(keys), *keys, *args)
-        pipe.execute()
+        for kind, entry in batch:
+            if kind == "in":
+                self.add(pipe, entry[0], 1)
+            else:
+                pipe.evalsha(self.done_script.sha, 3, *entry)
+        pipe.hgetall(names.SERVE_LIVE_KEY)
+        pipe.smembers(names.SERVE_DRAINING_KEY)
+        pipe.get(names.SERVE_VERSION_KEY)
+        replies = pipe.execute()
+        live, draining, version = replies[-3:]
+        with self.lock:
+            self.seen = {k.decode(): int(v) for k, v in live.items()}
+            self.seen_draining = {r.decode() for r in draining}
+            self.seen_version = version.decode() if isinstance(version, bytes) else "0"
+            self.seen_at = time.monotonic()
 
     def _flush_forever(self) -> None:
         while True:

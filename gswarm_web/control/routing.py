@@ -275,8 +275,10 @@ class Directory:
 
     def _pick_shared(self, model: str, ok: list[Target], limits: Policy) -> Target | None:
         assert self.redis is not None
-        chosen, version = live.share(self.redis).pick(model, limits.load_balancing, limits.max_in_flight,
-                                                      [t.replica_id for t in ok])  # fmt: skip
+        share, ids = live.share(self.redis), [t.replica_id for t in ok]
+        # no round trip when the service has no bound to hold across processes and the shared counts are fresh
+        got = None if limits.max_in_flight else share.pick_local(model, limits.load_balancing, ids)
+        chosen, version = got or share.pick(model, limits.load_balancing, limits.max_in_flight, ids)
         if version != self.version:
             self.stale = True  # a replica started or stopped: the next pick re-reads the tables
         best = next((t for t in ok if t.replica_id == chosen), None)
