@@ -120,6 +120,11 @@ def inline_step_key(task_id: str) -> str:
     return f"gswarm:step-inline:{task_id}"
 
 
+def inline_message_key(task_id: str) -> str:
+    """The message that runs the step `task_id` after its own step (workflows/inline.py), for a cancel to stop it."""
+    return f"gswarm:step-inline-in:{task_id}"
+
+
 def workflow_outputs_key(workflow_id: str) -> str:
     return f"gswarm:wf:{workflow_id}:outputs"
 

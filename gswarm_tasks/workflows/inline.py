@@ -8,9 +8,10 @@ own id, retries, chain and reports, so a retry, a busy device or a lost Redis se
 with the rest of the chain, exactly as its own delivery would have. A message runs further steps this way for at
 most RUN_FOR_S (then the rest of its chain goes through the broker, letting other work of the node in between).
 
-A step run this way is written down before it starts (`names.inline_step_key` of the message's id, in the round trip
-that reported the previous step), so a pool process that dies under it, or a hard time limit, reports that step
-failed and not only the message's own (node/lifecycle.py). A redelivered message starts again at its own step:
+A step run this way is written down before it starts (`names.inline_step_key` of the message's id, and the other way
+round, in the round trip that reported the previous step), so a pool process that dies under it, or a hard time
+limit, reports that step failed and not only the message's own (node/lifecycle.py), and a cancel of that step
+revokes the message that runs it (gswarm_web/workflows/cancel.py). A redelivered message starts again at its own step:
 every step is idempotent by its id, and those already done report again and run nothing.
 """
 
@@ -50,9 +51,11 @@ def candidate(request: Any) -> dict[str, Any] | None:
 
 
 def mark(pipe: Any, request: Any, sig: dict[str, Any], keep_s: int) -> None:
-    """Write down, in the previous step's round trip, which step the message `request` belongs to runs next."""
+    """Write down, in the previous step's round trip, which step the message `request` belongs to runs next, and
+    which message runs that step (a cancel revokes the message: revoking the step's own id finds no task)."""
     outer = getattr(request, "gswarm_outer", None) or request.id
     pipe.set(names.inline_step_key(outer), json.dumps(sig["args"][0]), ex=keep_s)
+    pipe.set(names.inline_message_key(str(sig["args"][0]["task_id"])), outer, ex=keep_s)
 
 
 def context(outer: Any, sig: dict[str, Any], prefetched: list[Any] | None) -> dict[str, Any]:

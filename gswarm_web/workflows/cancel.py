@@ -3,8 +3,10 @@ skipped. The mark lives in Redis, so it survives restarts and stops a step that 
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import UTC, datetime
+from typing import Any
 
 from gswarm_tasks import names
 from gswarm_tasks.errors import Conflict, InvalidRequest
@@ -25,9 +27,22 @@ def now() -> datetime:
 def _revoke(task_ids: list[str]) -> None:
     if task_ids:
         try:
-            sender().control.revoke(task_ids, terminate=True, signal="SIGTERM")
+            sender().control.revoke([*task_ids, *_messages_running(task_ids)], terminate=True, signal="SIGTERM")
         except Exception as exc:  # the Redis mark still stops them
             log.warning("revoke of %d step(s) failed: %s", len(task_ids), exc)
+
+
+def _messages_running(task_ids: list[str]) -> list[str]:
+    """The messages that run one of these steps now after their own (gswarm_tasks/workflows/inline.py): a node knows
+    such a step by its message's id only. A message that has gone on to a step not cancelled is left alone."""
+    client = redis_client()
+    found: list[Any] = client.mget([names.inline_message_key(t) for t in task_ids])
+    outers = {o.decode() if isinstance(o, bytes) else str(o) for o in found if o}
+    if not outers:
+        return []
+    wanted = set(task_ids)
+    runs = client.mget([names.inline_step_key(o) for o in outers])
+    return [o for o, run in zip(outers, runs, strict=True) if run and json.loads(run).get("task_id") in wanted]
 
 
 def cancel_workflow(run: WorkflowRun, steps: dict[str, TaskRecord] | None = None, reason: str = "cancelled") -> None:

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from gswarm_tasks import names
+from gswarm_tasks.celery_app import make_celery
 from tests.integration.fleet import Fleet, running_fleet
 from tests.integration.procs import wait_for
 from tests.integration.test_workflows import noop, run, steps, wait_done
@@ -132,3 +133,45 @@ def test_the_hard_time_limit_of_a_message_fails_the_inlined_step_it_killed(fleet
     assert (s["h0"]["status"], s["slow"]["status"], s["h2"]["status"]) == ("succeeded", "failed", "skipped"), body
     assert "TimeLimitExceeded" in str(s["slow"]["error"])
     assert time.monotonic() - t0 < HARD_LIMIT_S * 3  # failed by the limit, not after the step's own end
+
+
+def revoked(fleet: Fleet) -> set[str]:
+    """The task ids the fleet's workers hold revoked (Celery's own list, asked of every worker)."""
+    answers = make_celery(fleet.settings).control.inspect(timeout=2).revoked() or {}
+    return {tid for ids in answers.values() for tid in ids}
+
+
+def test_cancelling_a_workflow_revokes_the_message_that_runs_its_inlined_step(fleet: Fleet) -> None:
+    code, body = fleet.post(
+        "/workflows", {"name": "c", "actions": [noop("m0"), noop("long", "m0", duration_s=30), noop("m2", "long")]}
+    )
+    wf = body["id"]
+    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["long"]["status"] == "running", 20, "long running")
+    message = steps(fleet.get(f"/workflows/{wf}")[1])["m0"]["task_id"]  # the message that runs `long`
+    t0 = time.monotonic()
+    code, _ = fleet.post(f"/workflows/{wf}/cancel", {})
+    assert code == 200
+    wait_for(lambda: message in revoked(fleet), 20, "the message running the step revoked")
+    body = wait_done(fleet, wf, 30)
+    s = steps(body)
+    assert (s["m0"]["status"], s["long"]["status"], s["m2"]["status"]) == ("succeeded", "cancelled", "cancelled")
+    assert time.monotonic() - t0 < 30
+
+
+def test_cancelling_a_later_step_leaves_the_message_running_an_earlier_one(fleet: Fleet) -> None:
+    code, body = fleet.post(
+        "/workflows", {"name": "l", "actions": [noop("n0"), noop("mid", "n0", duration_s=2), noop("last", "mid")]}
+    )
+    wf = body["id"]
+    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["mid"]["status"] == "running", 20, "mid running")
+    s = steps(fleet.get(f"/workflows/{wf}")[1])
+    code, task = fleet.post(f"/queue/tasks/{s['last']['task_id']}/cancel", {})
+    assert code == 200 and task["status"] == "cancelled"
+    body = wait_done(fleet, wf, 30)
+    after = steps(body)
+    assert (after["n0"]["status"], after["mid"]["status"], after["last"]["status"]) == (
+        "succeeded",
+        "succeeded",
+        "cancelled",
+    )
+    assert s["n0"]["task_id"] not in revoked(fleet)
