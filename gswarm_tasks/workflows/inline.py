@@ -52,7 +52,8 @@ def candidate(request: Any) -> dict[str, Any] | None:
 
 def mark(pipe: Any, request: Any, sig: dict[str, Any], keep_s: int) -> None:
     """Write down, in the previous step's round trip, which step the message `request` belongs to runs next, and
-    which message runs that step (a cancel revokes the message: revoking the step's own id finds no task)."""
+    which message runs that step (a cancel revokes the message: revoking the step's own id finds no task); kept
+    `keep_s`, as long as a message may run (its hard time limit)."""
     outer = getattr(request, "gswarm_outer", None) or request.id
     pipe.set(names.inline_step_key(outer), json.dumps(sig["args"][0]), ex=keep_s)
     pipe.set(names.inline_message_key(str(sig["args"][0]["task_id"])), outer, ex=keep_s)

@@ -293,7 +293,7 @@ def _execute(task: Task, pipe: Any) -> None:
     it and reads what that step checks before it starts."""
     sig = inline.candidate(task.request)
     if sig is not None:
-        inline.mark(pipe, task.request, sig, names.KEEP_S)
+        inline.mark(pipe, task.request, sig, int(task.app.conf.task_time_limit or names.KEEP_S) + 60)
         _prologue_reads(pipe, sig["args"][0])
     replies = pipe.execute()
     if sig is not None:
