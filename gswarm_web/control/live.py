@@ -106,7 +106,8 @@ class Share:
         self.done_script: Any = client.register_script(DONE)
         self.renewing = False
         self.lock = threading.Lock()
-        self.outbox: list[tuple[str, list[Any]]] = []  # ("in", [field]) or ("out", DONE's keys + args)
+        # (field, +1, [], []) a count-in; (field, -1, DONE's keys, its args) a count-out with its measures
+        self.outbox: list[tuple[str, int, list[str], list[Any]]] = []
         self.wake = threading.Event()
         self.flushing = False
         # the gateway's counts as the last flush read them back, and what this process queued since
@@ -162,19 +163,18 @@ class Share:
                     c = self.seen.get("r:" + r, 0) + self.pending.get("r:" + r, 0)
                     if fewest is None or c < fewest:
                         best, fewest = r, c
-            self._queue("in", ["r:" + best])
+            self._queue("r:" + best, 1, [], [])
             return best, self.seen_version
 
     def count_out(self, keys: list[str], args: list[Any]) -> None:
         """Queue a request's count-out (serve_stats.DONE with these keys and args) for the flusher to send."""
         with self.lock:
-            self._queue("out", [*keys, *args])
+            self._queue(str(args[0]), -1, keys, args)
 
-    def _queue(self, kind: str, entry: list[Any]) -> None:
-        """(under the lock) One more change for the flusher; the flusher started the first time."""
-        self.outbox.append((kind, entry))
-        field = entry[0] if kind == "in" else entry[3]
-        self.pending[field] = self.pending.get(field, 0) + (1 if kind == "in" else -1)
+    def _queue(self, field: str, n: int, keys: list[str], args: list[Any]) -> None:
+        """(under the lock) One more change of `field` for the flusher; the flusher started the first time."""
+        self.outbox.append((field, n, keys, args))
+        self.pending[field] = self.pending.get(field, 0) + n
         if len(self.outbox) > OUTBOX_MAX:
             del self.outbox[: len(self.outbox) - OUTBOX_MAX]
         if not self.flushing:
@@ -205,14 +205,14 @@ class Share:
             raise
         return len(batch)
 
-    def _send(self, batch: list[tuple[str, list[Any]]]) -> None:
+    def _send(self, batch: list[tuple[str, int, list[str], list[Any]]]) -> None:
         # EVALSHA itself: a pipeline given Script objects asks SCRIPT EXISTS first, a round trip more per flush.
         pipe = self.client.pipeline(transaction=False)
-        for kind, entry in batch:
-            if kind == "in":
-                self.add(pipe, entry[0], 1)
+        for field, n, keys, args in batch:
+            if keys:
+                pipe.evalsha(self.done_script.sha, len(keys), *keys, *args)
             else:
-                pipe.evalsha(self.done_script.sha, 3, *entry)
+                self.add(pipe, field, n)
         pipe.hgetall(names.SERVE_LIVE_KEY)
         pipe.smembers(names.SERVE_DRAINING_KEY)
         pipe.get(names.SERVE_VERSION_KEY)
