@@ -10,19 +10,21 @@ RUN apt-get update \
 RUN useradd --create-home --uid 1000 gswarm
 WORKDIR /app
 ARG EXTRAS=""
-# The dependencies first, from pyproject.toml alone: a change to the code rebuilds only the layers below. Wheels in
-# a `wheels/` directory of the build context are installed first (a CPU build of torch, say; none in the project).
-COPY pyproject.toml wheels* /tmp/build/
+# The dependencies first, from pyproject.toml and the lock alone (the versions `make` installs): a change to the code
+# rebuilds only the layers below. Wheels in a `wheels/` directory of the build context are installed first (a CPU
+# build of torch, say; none in the project).
+COPY pyproject.toml requirements.lock wheels* /tmp/build/
 RUN cd /tmp/build && python -c "import sys, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 extra = [d for e in sys.argv[1].split(',') if e for d in p['optional-dependencies'][e]]; \
 print('\n'.join(p['dependencies'] + extra))" "$EXTRAS" > requirements.txt \
-    && pip install $(ls *.whl 2>/dev/null) -r requirements.txt && rm -rf /tmp/build
+    && pip install -c requirements.lock pip setuptools wheel \
+    && pip install -c requirements.lock $(ls *.whl 2>/dev/null) -r requirements.txt && rm -rf /tmp/build
 COPY pyproject.toml README.md alembic.ini ./
 COPY gswarm_tasks ./gswarm_tasks
 COPY gswarm_web ./gswarm_web
 COPY migrations ./migrations
 COPY config ./config
-RUN pip install --no-deps -e . && mkdir -p /data && chown gswarm /data && chmod 0700 /data
+RUN pip install --no-deps --no-build-isolation -e . && mkdir -p /data && chown gswarm /data && chmod 0700 /data
 USER gswarm
 ENV GSWARM_HOME=/data
 EXPOSE 8091 8080

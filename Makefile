@@ -6,26 +6,42 @@ STAMP  := $(VENV)/.installed
 # torch is installed before the serve extra so the pin decides the build: the default is the CPU build;
 # on a GPU host use e.g. `make up TORCH=torch` for the CUDA build of your platform.
 TORCH  ?= torch==2.13.0
+# Every install takes its versions from the committed lock (`make lock` refreshes it; review its diff): a release of
+# any dependency cannot change what a fresh clone installs. torch is left out of it: TORCH picks the build.
+LOCK   := requirements.lock
+PIP    := $(BIN)/pip install -q -c $(LOCK)
 
-.PHONY: up install dev serve test test-unit test-integration test-cluster lint bench services clean
+.PHONY: up install dev serve lock test test-unit test-integration test-cluster lint bench services clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e .
+# The build backend comes from the lock too (no build isolation: an isolated build would take the newest setuptools).
+$(STAMP): pyproject.toml $(LOCK) | $(BIN)/python
+	$(PIP) pip setuptools wheel
+	$(PIP) --no-build-isolation -e .
 	touch $@
 
-$(VENV)/.dev: $(STAMP) pyproject.toml
-	$(BIN)/pip install -q '$(TORCH)'
-	$(BIN)/pip install -q -e '.[dev,serve]'
+$(VENV)/.dev: $(STAMP) pyproject.toml $(LOCK)
+	$(PIP) '$(TORCH)'
+	$(PIP) --no-build-isolation -e '.[dev,serve]'
 	touch $@
 
-$(VENV)/.serve: $(STAMP) pyproject.toml
-	$(BIN)/pip install -q '$(TORCH)'
-	$(BIN)/pip install -q -e '.[serve]'
+$(VENV)/.serve: $(STAMP) pyproject.toml $(LOCK)
+	$(PIP) '$(TORCH)'
+	$(PIP) --no-build-isolation -e '.[serve]'
 	touch $@
+
+# The lock: what a fresh virtual environment resolves for every extra, today. Commit it with the change that needed it.
+LOCK_VENV ?= /tmp/gswarm-lock-venv
+lock:
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install -q --upgrade pip setuptools wheel
+	$(LOCK_VENV)/bin/pip install -q '$(TORCH)'
+	$(LOCK_VENV)/bin/pip install -q --no-build-isolation '.[dev,serve,s3]'
+	{ echo "# gswarm's dependencies, pinned: \`make lock\` writes this file (every extra; torch is installed by the TORCH pin)."; \
+	  $(LOCK_VENV)/bin/pip freeze --all | grep -viE '^(gswarm|torch|nvidia-|triton)([=-]| @)'; } > $(LOCK)
+	rm -rf $(LOCK_VENV)
 
 serve: $(VENV)/.serve
 

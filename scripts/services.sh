@@ -4,6 +4,15 @@ set -u
 REDIS_PORT=${REDIS_PORT:-6379}
 PG_HOST=${PG_HOST:-127.0.0.1}
 
+# A machine without them gets Debian's packages (as root); one that has them only starts them.
+apt_install() {
+  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 || { echo "$* missing: install it (apt-get install $*)" >&2; return 1; }
+  echo "installing $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null 2>&1; }
+}
+command -v redis-server >/dev/null 2>&1 || apt_install redis-server redis-tools
+ls /etc/postgresql/*/main >/dev/null 2>&1 || apt_install postgresql
 if ! redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping >/dev/null 2>&1; then
   echo "starting redis on 127.0.0.1:$REDIS_PORT"
   redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no

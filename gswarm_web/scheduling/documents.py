@@ -31,7 +31,7 @@ class _Refused(Exception):
     """A construct the reader does not take, with the line it is on."""
 
     def __init__(self, why: str, event: Any) -> None:
-        mark = getattr(event, "start_mark", None)
+        mark = getattr(event, "start_mark", None) or getattr(event, "problem_mark", None)
         super().__init__(why + (f" (line {mark.line + 1})" if mark is not None else ""))
 
 
@@ -131,6 +131,12 @@ def parse_yaml(text: str | bytes, json_values: bool = False) -> Any:
         return _build(loader, json_values)
     except _Refused as exc:
         raise ValueError(str(exc)) from None
+    except yaml.MarkedYAMLError as exc:
+        # libyaml 0.2.6 and later guard their own depth (1,000 levels), and their scanner reads a flow collection
+        # ahead of the events: such a document is refused here as the bound below would refuse it.
+        if "nesting" in (exc.problem or ""):
+            raise ValueError(str(_Refused(f"nested deeper than {MAX_DEPTH} levels", exc))) from None
+        raise
     finally:
         loader.dispose()
 
