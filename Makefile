@@ -41,7 +41,7 @@ lock:
 	$(LOCK_VENV)/bin/pip install -q --no-build-isolation '.[dev,serve,s3]'
 	{ echo "# gswarm's dependencies, pinned: \`make lock\` writes this file (every extra; torch is installed by the TORCH pin)."; \
 	  $(LOCK_VENV)/bin/pip freeze --all | grep -viE '^(gswarm|torch|nvidia-|triton)([=-]| @)'; } > $(LOCK)
-	rm -rf $(LOCK_VENV)
+	rm -rf $(LOCK_VENV) build
 
 serve: $(VENV)/.serve
 

@@ -15,21 +15,16 @@ if TYPE_CHECKING:
 # does not pay for importing them.
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    # WAL lets the web app read while the control worker writes; foreign keys are off by default in SQLite.
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA busy_timeout=10000")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.close()
-
-
 def flask_config(settings: Settings) -> dict[str, Any]:
     from .dashboard import SWAGGER_UI_URL
 
     url = settings.effective_database_url
     engine_options: dict[str, Any] = {"pool_pre_ping": True}
-    if not url.startswith("sqlite"):
+    if url.startswith("sqlite"):
+        from .sqlite import ENGINE_OPTIONS
+
+        engine_options.update(ENGINE_OPTIONS)
+    else:
         engine_options.update(pool_size=5, max_overflow=10, pool_recycle=1800)
         # psycopg prepares a statement after a few runs, and Postgres may then keep one generic plan for it,
         # chosen while the tables were small: `checksum IN (...)` kept scanning the whole chunk table and grew
@@ -81,7 +76,9 @@ def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     db.init_app(app)
     with app.app_context():
         if db.engine.dialect.name == "sqlite":
-            event.listen(db.engine, "connect", _sqlite_pragmas)
+            from .sqlite import pragmas
+
+            event.listen(db.engine, "connect", pragmas)
     api.init_app(app)
     app.extensions["gswarm_api"] = api
     register_error_handlers(app)

@@ -11,12 +11,14 @@ from typing import Any
 import marshmallow as ma
 from flask import Flask, Response, g, jsonify, request
 from flask_smorest import Api
+from sqlalchemy import exc as sa_exc
 from werkzeug.exceptions import HTTPException
 
 from gswarm_tasks.errors import ERROR_CODES, GswarmError, InvalidRequest, error_body
 
 log = logging.getLogger(__name__)
 
+DATABASE_RETRY_AFTER_S = 1
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _STATUS_CODES = {
     400: "INVALID_REQUEST",
@@ -163,6 +165,17 @@ def register_error_handlers(app: Flask) -> None:
         if exc.status >= 500 and exc.code == "INTERNAL":
             log.exception("internal error", exc_info=exc)
         return error_response(exc.status, exc.code, exc.message, exc.details)
+
+    @app.errorhandler(sa_exc.OperationalError)
+    @app.errorhandler(sa_exc.InterfaceError)
+    @app.errorhandler(sa_exc.TimeoutError)
+    def _database_unavailable(exc: Exception) -> Response:
+        # Locked past its wait (SQLite), restarting, or out of connections: the request changed nothing (its
+        # transaction is rolled back at teardown) and may be sent again.
+        log.warning("database unavailable on %s %s [%s]: %s", request.method, request.path, request_id(), exc)
+        resp = error_response(503, "RESOURCE_UNAVAILABLE", "the database cannot answer now; try again", {})
+        resp.headers["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
+        return resp
 
     @app.errorhandler(Exception)
     def _unhandled(exc: Exception) -> Response:
