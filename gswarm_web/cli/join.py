@@ -16,9 +16,11 @@ from rich.console import Console
 from gswarm_tasks.devices import validate_node_name
 from gswarm_tasks.settings import Settings, load_settings
 
+from . import guardian
 from .broker import PASSWORD_FILE, hide_password
-from .local import record_node
-from .up import PY, node_worker_argv, private_home
+from .local import clear_leftovers, record_node
+from .supervisor import ProcSpec, Supervisor
+from .up import node_worker_argv, on_stop_signals, private_home, stop_all, supervise
 
 err_console = Console(stderr=True, soft_wrap=True)
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -129,10 +131,32 @@ def connect(
         env["GSWARM_STORAGE_ROOT"] = str(Path(storage_root).expanduser().resolve())
     home = Path(settings.home)
     private_home(home)
-    record_node(home, node, hide_password(url))  # this process becomes the worker (exec): the record stays true
+    records = guardian.node_records(home, node)
+    other = guardian.supervisor_alive(records)
+    if other is not None:
+        raise click.ClickException(f"node {node} is connected from GSWARM_HOME={home} already (pid {other['pid']})")
+    clear_leftovers(records)
     settings = load_settings(env)
-    err_console.print(
-        f"node {node} joining {hide_password(url)}; storage {settings.effective_storage_root(node)}", highlight=False
-    )
+    storage = settings.effective_storage_root(node)
+    err_console.print(f"node {node} joining {hide_password(url)}; storage {storage}", highlight=False)
     argv = node_worker_argv(node, concurrency or settings.max_concurrent_tasks, loglevel or settings.log_level)
-    os.execve(PY, argv, env)
+    run_node(home, node, ProcSpec(f"node-{node}", argv, env, None), storage, hide_password(url))
+
+
+def run_node(home: Path, node: str, spec: ProcSpec, storage: Path, broker: str) -> None:
+    """The node worker, supervised: restarted when it dies; it and its model servers end with this process (a
+    signal stops them, a guardian ends them when this process is killed)."""
+    stop_reason = on_stop_signals()
+    sup = Supervisor(records=guardian.node_records(home, node))
+    sup.watch_node(storage)
+    record_node(home, node, broker)
+    try:
+        sup.start(spec)
+        supervise(sup, stop_reason)
+    except RuntimeError as exc:
+        err_console.print(f"[red]error:[/] {exc}", highlight=False)
+        stop_reason.append("error")
+    finally:
+        stop_all(sup, storage)
+    if stop_reason and stop_reason[0] == "error":
+        raise SystemExit(1)

@@ -14,6 +14,7 @@ import psutil
 from gswarm_tasks.devices import AUTO, TIER_RE, Device
 from gswarm_tasks.settings import Settings
 
+from . import guardian
 from .broker import write_private
 
 RUN_FILE = "gswarm.pid"
@@ -45,7 +46,8 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def refuse_second(home: Path) -> None:
-    """One gswarm per GSWARM_HOME (one database, one broker password): a second start is refused, saying so."""
+    """One gswarm per GSWARM_HOME (one database, one broker password): a second start is refused, saying so; what a
+    gswarm that ended without stopping its processes left (guardian and all) is ended first."""
     other = _read(home / RUN_FILE)
     if alive(other):
         assert other is not None
@@ -53,6 +55,17 @@ def refuse_second(home: Path) -> None:
             f"gswarm is already running under GSWARM_HOME={home} ({other.get('command')}, pid {other['pid']}); "
             "`gswarm host status` shows it, `gswarm host stop` stops it"
         )
+    clear_leftovers(home / guardian.RECORDS)
+
+
+def clear_leftovers(records: Path) -> list[str]:
+    """End what a supervisor that is gone started and left running (`records` name them); their names."""
+    if guardian.supervisor_alive(records):
+        return []
+    left = guardian.reap(records)
+    if left:
+        click.echo(f"ended what the last gswarm under {records.parent} left running: {', '.join(left)}", err=True)
+    return left
 
 
 def claim_run(home: Path, command: str) -> None:

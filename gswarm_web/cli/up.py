@@ -22,6 +22,7 @@ from gswarm_tasks.devices import validate_node_name
 from gswarm_tasks.settings import Settings, load_settings
 
 from .broker import PASSWORD_FILE, broker_password, broker_url, embedded_redis_spec, hide_password, write_private
+from .guardian import RECORDS
 from .local import claim_run, record_node, release_run, update_run
 from .supervisor import ProcSpec, Supervisor
 
@@ -231,22 +232,42 @@ def _print_up(
     sys.stdout.flush()
 
 
-def _stop_all(sup: Supervisor, settings: Settings, node: str | None) -> None:
+def stop_all(sup: Supervisor, storage_root: Path | None) -> None:
     """Stop every child and the node's model servers at once (they outlive a worker restart by design, but not
-    `gswarm up`): all of it is gone within about 4 s (Supervisor's budgets), then a SIGKILL for what remains."""
-    from gswarm_tasks.serving.replicas import ServiceRegistry
+    their supervisor): all of it is gone within about 4 s (Supervisor's budgets), then a SIGKILL for what remains."""
+    from gswarm_tasks.serving.replicas import ServiceRegistry, pid_alive
 
-    registry = ServiceRegistry(settings.effective_storage_root(node)) if node else None
+    registry = ServiceRegistry(storage_root) if storage_root else None
     services = registry.entries() if registry else []
     for entry in services:
-        try:
-            os.killpg(int(entry["pid"]), signal.SIGTERM)
-        except (ProcessLookupError, PermissionError, ValueError, KeyError):
-            pass
+        if pid_alive(entry.get("pid"), entry.get("created")):
+            try:
+                os.killpg(int(entry["pid"]), signal.SIGTERM)
+            except (ProcessLookupError, PermissionError, ValueError, KeyError):
+                pass
     sup.stop()
     for entry in services:
         assert registry is not None
         registry.stop(entry["service_id"], timeout_s=0.2)
+
+
+def supervise(sup: Supervisor, stop_reason: list[str]) -> None:
+    """Keep the children running (restarts) until a signal puts its name in `stop_reason`."""
+    while not stop_reason:
+        sup.check()
+        time.sleep(0.5)
+
+
+def on_stop_signals() -> list[str]:
+    """SIGINT and SIGTERM ask for a stop: their names are appended to the list returned."""
+    stop_reason: list[str] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop_reason.append(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return stop_reason
 
 
 @dataclass
@@ -313,6 +334,7 @@ def _bring_up(sup: Supervisor, settings: Settings, env: dict[str, str], launch: 
     for spec in control_plane_specs(settings, env, launch.host, launch.port, launch.model_port):
         sup.start(spec)
     if launch.node:
+        sup.watch_node(settings.effective_storage_root(launch.node))
         sup.start(node_spec(settings, env, launch.node, settings.effective_storage_root(launch.node)))
         record_node(home, launch.node, hide_password(redis_url))
     return settings, redis_url
@@ -326,14 +348,8 @@ def run_supervised(settings: Settings, launch: Launch) -> None:
     claim_run(home, launch.command)
     env = {k: v for k, v in os.environ.items()}
     env["GSWARM_HOME"] = str(home)
-    sup = Supervisor()
-    stop_reason: list[str] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        stop_reason.append(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop_reason = on_stop_signals()
+    sup = Supervisor(records=home / RECORDS)
     try:
         embedded = not settings.redis_url
         settings, redis_url = _bring_up(sup, settings, env, launch)
@@ -343,15 +359,13 @@ def run_supervised(settings: Settings, launch: Launch) -> None:
         update_run(home, state="up", api=api, model_api=model_api, broker=hide_password(redis_url), node=launch.node,
                    embedded_broker=embedded)  # fmt: skip
         _print_up(launch.title, api, redis_url, embedded, settings, launch.node, model_api)
-        while not stop_reason:
-            sup.check()
-            time.sleep(0.5)
+        supervise(sup, stop_reason)
     except RuntimeError as exc:
         console.print(f"[red]error:[/] {exc}")
         stop_reason.append("error")
     finally:
         console.print("stopping ...")
-        _stop_all(sup, settings, launch.node)
+        stop_all(sup, settings.effective_storage_root(launch.node) if launch.node else None)
         release_run(home)
         console.print("stopped")
     if stop_reason and stop_reason[0] == "error":
