@@ -201,7 +201,8 @@ class DocumentWriter:
             spool.write(("," if self.counts[key] else "") + json.dumps(item))
             self.counts[key] += 1
 
-    def close(self, tail: dict[str, Any]) -> Path:
+    def close(self, tail: dict[str, Any], overwrite: bool = True) -> Path:
+        """Write the document; without `overwrite`, a file already at the path is kept and FileExistsError raised."""
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
         try:
             with os.fdopen(fd, "w") as out:
@@ -214,7 +215,11 @@ class DocumentWriter:
                     out.write("]")
                 comma = "," if tail and (self.head or self.spools) else ""
                 out.write(comma + ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in tail.items()) + "}")
-            os.replace(tmp, self.path)
+            if overwrite:
+                os.replace(tmp, self.path)
+            else:
+                os.link(tmp, self.path)  # refuses an existing file: no check-then-write race with another writer
+                os.unlink(tmp)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

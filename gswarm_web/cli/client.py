@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -20,7 +21,12 @@ class ApiClient:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiClient:
-        return cls(settings.effective_api_url, settings.read_token())
+        """The API GSWARM_API_URL (cluster.api_url) names, else that of the gswarm running under GSWARM_HOME (its
+        ports as it was started with them), else cluster.host and cluster.http_port."""
+        from .local import running_api
+
+        url = settings.api_url or running_api(Path(settings.home)) or settings.effective_api_url
+        return cls(url, settings.read_token())
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         url = f"{self.base_url}/api/v1/{path.lstrip('/')}"

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 
 from gswarm_tasks.settings import load_settings
 
 from . import GswarmGroup
+from .local import broker_port, running
 from .profiler import analyze as _analyze
 from .profiler import recover as _recover
 from .profiler import start as _start
@@ -31,10 +34,24 @@ def _moved(now: str) -> None:
 
 
 def _head(address: str | None) -> None:
-    """Talk to the API of the head at `address` (HOST[:PORT], the original's gRPC port): same host, the API's port."""
-    if address:
-        host = address.rsplit(":", 1)[0] if address.count(":") == 1 else address
-        os.environ["GSWARM_API_URL"] = f"http://{host}:{load_settings().api_port}"
+    """Talk to the API of the head at `address`, HOST[:PORT] as the original took it: PORT the head's broker (the
+    original's gRPC port: cluster.port, or the one the host running here listens on) means the API on that host;
+    any other PORT is the API's own."""
+    if not address:
+        return
+    host, _, given = address.rpartition(":") if address.count(":") == 1 else (address, "", "")
+    if given and not given.isdigit():
+        raise click.BadParameter(f"{address!r} is not HOST[:PORT]", param_hint="ADDRESS")
+    settings = load_settings()
+    port = int(given) if given else settings.broker_port
+    here = running(Path(settings.home)) or {}
+    if port == broker_port(here.get("broker")) and here.get("api"):
+        api_port = urlsplit(str(here["api"])).port or settings.api_port
+    elif port == settings.broker_port:
+        api_port = settings.api_port
+    else:
+        api_port = port
+    os.environ["GSWARM_API_URL"] = f"http://{host}:{api_port}"
 
 
 @click.group(cls=GswarmGroup)
@@ -65,11 +82,12 @@ def start(ctx: click.Context, port: int | None, http_port: int | None, **kw: Any
 @main.command()
 @click.argument("address", required=False)
 @click.option("--name", default=None, help="Default: every active session.")
+@click.option("--force", is_flag=True, help="Replace a <name>.json that exists.")
 @click.pass_context
-def stop(ctx: click.Context, address: str | None, name: str | None) -> None:
+def stop(ctx: click.Context, address: str | None, name: str | None, force: bool) -> None:
     """Stop a session (or all) and write <name>.json (the original's layout)."""
     _head(address)
-    ctx.invoke(_stop, name=name, out_dir=None, layout="original", no_file=False)
+    ctx.invoke(_stop, name=name, out_dir=None, layout="original", no_file=False, force=force)
 
 
 @main.command()

@@ -54,18 +54,25 @@ def _own_password(settings: Settings, host: str) -> str | None:
 
 def broker_of(address: str | None, token: str | None, settings: Settings) -> tuple[str, str | None]:
     """(the broker's URL, where its credential came from) for an address as the user gave it."""
+    def credential_for(host: str) -> tuple[str | None, str | None]:
+        """The first credential given: --token, then GSWARM_JOIN_TOKEN / cluster.join_token, then this host's own."""
+        found = [(token, "--token"), (settings.join_token, "GSWARM_JOIN_TOKEN / cluster.join_token")]
+        found.append((_own_password(settings, host), str(Path(settings.home) / PASSWORD_FILE)))
+        return next(((c, s) for c, s in found if c), (None, None))
+
     if address and "://" in address:
-        if token is None:
-            return address, None
         parts = urlsplit(address)
         if parts.password:
-            raise click.UsageError("the URL carries a password already: drop --token, or drop it from the URL")
-        netloc = f":{quote(token, safe='')}@{parts.netloc}"
-        return parts._replace(netloc=netloc).geturl(), "--token"
+            if token is not None:
+                raise click.UsageError("the URL carries a password already: drop --token, or drop it from the URL")
+            return address, "the URL"
+        credential, source = credential_for(parts.hostname or "")
+        if credential is None:
+            return address, None
+        netloc = f"{quote(parts.username or '', safe='')}:{quote(credential, safe='')}@{parts.netloc}"
+        return parts._replace(netloc=netloc).geturl(), source
     host, port = _host_port(address or f"{settings.api_host}:{settings.broker_port}", settings.broker_port)
-    found = [(token, "--token"), (settings.join_token, "GSWARM_JOIN_TOKEN / cluster.join_token")]
-    found.append((_own_password(settings, host), str(Path(settings.home) / PASSWORD_FILE)))
-    credential, source = next(((c, s) for c, s in found if c), (None, None))
+    credential, source = credential_for(host)
     where = f"[{host}]" if ":" in host else host
     auth = f":{quote(credential, safe='')}@" if credential else ""
     return f"redis://{auth}{where}:{port}/0", source

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 import psutil
@@ -98,6 +99,26 @@ def running(home: Path) -> dict[str, Any] | None:
         path.unlink(missing_ok=True)
         return None
     return doc
+
+
+def broker_port(url: Any) -> int | None:
+    """The port of a broker URL as a run's record shows it (`redis://:***@host:port/0`)."""
+    try:
+        return urlsplit(str(url)).port if url else None
+    except ValueError:
+        return None
+
+
+def running_api(home: Path) -> str | None:
+    """The API of the gswarm running under `home`, as this host reaches it (a wildcard bind is 127.0.0.1 here)."""
+    run = running(home)
+    api = run.get("api") if run else None
+    if not api:
+        return None
+    parts = urlsplit(str(api))
+    if parts.hostname in ("0.0.0.0", "::", ""):
+        return f"{parts.scheme}://127.0.0.1:{parts.port}"
+    return str(api).rstrip("/")
 
 
 def record_node(home: Path, name: str, broker: str) -> None:

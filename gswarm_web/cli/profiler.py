@@ -36,8 +36,13 @@ def named_file(directory: Path, name: str) -> Path:
     return directory / f"{name}.json"
 
 
-def write_export(c: ApiClient, name: str, path: Path, layout: str, **window: str | None) -> None:
-    counts = fetch_export(c, name, path, layout, **window)
+def write_export(
+    c: ApiClient, name: str, path: Path, layout: str, overwrite: bool = True, **window: str | None
+) -> None:
+    try:
+        counts = fetch_export(c, name, path, layout, overwrite, **window)
+    except FileExistsError:
+        raise click.ClickException(f"{path} exists: give --force to replace it, or --output-dir") from None
     what = (
         f"{counts['frames']} frames"
         if layout == "original"
@@ -87,10 +92,16 @@ def start(
 )
 @click.option("--format", "layout", type=LAYOUT, default=None, help="Layout of <name>.json (profiling.output_format).")
 @click.option("--no-file", is_flag=True, help="Write no <name>.json here (the control plane writes its own).")
-def stop(name: str | None, out_dir: str | None, layout: str | None, no_file: bool) -> None:
-    """Stop a session (or all), print its summary and write <name>.json."""
+@click.option("--force", is_flag=True, help="Replace a <name>.json that exists (by default the stop is refused).")
+def stop(name: str | None, out_dir: str | None, layout: str | None, no_file: bool, force: bool = False) -> None:
+    """Stop a session (or all), print its summary and write <name>.json (never over a file, without --force)."""
     c = api()
     names = [name] if name else [s["name"] for s in c.get("profiler/sessions") if s["status"] == "active"]
+    taken = [str(p) for n in names if not no_file and not force and (p := named_file(output_dir(out_dir), n)).exists()]
+    if taken:
+        raise click.ClickException(
+            f"{', '.join(taken)} exist(s): nothing was stopped; give --force to replace, or --output-dir"
+        )
     for n in names:
         s = c.post(f"profiler/sessions/{n}/stop", {})
         console.print(f"session {n} stopped: {s['frame_count']} GPU frames, {s['host_frame_count']} host frames")
@@ -101,7 +112,7 @@ def stop(name: str | None, out_dir: str | None, layout: str | None, no_file: boo
             )
         if not no_file:
             fmt = layout or load_settings().profiling_output_format
-            write_export(c, n, named_file(output_dir(out_dir), n), fmt)
+            write_export(c, n, named_file(output_dir(out_dir), n), fmt, overwrite=force)
 
 
 @profiler.command("status")

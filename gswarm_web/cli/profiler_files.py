@@ -14,9 +14,11 @@ from .client import ApiClient
 EXPORT_TIMEOUT_S = 600.0  # the last page sums up the whole window
 
 
-def fetch_export(c: ApiClient, name: str, path: Path, layout: str, **window: str | None) -> dict[str, Any]:
-    """Write session `name`'s export to `path` (every page); returns counts: frames, host_frames (gswarm) or
-    frames (original), and pages."""
+def fetch_export(
+    c: ApiClient, name: str, path: Path, layout: str, overwrite: bool = True, **window: str | None
+) -> dict[str, Any]:
+    """Write session `name`'s export to `path` (every page; an existing file only with `overwrite`); returns counts:
+    frames, host_frames (gswarm) or frames (original), and pages."""
     info = c.get(f"profiler/sessions/{name}")
     c.timeout = max(c.timeout, EXPORT_TIMEOUT_S)
     cursor: str | None = None
@@ -50,10 +52,10 @@ def fetch_export(c: ApiClient, name: str, path: Path, layout: str, **window: str
     if layout == "original":
         writer.add("frames", conv.finish())
         counts["frames"] = writer.counts["frames"]
-        writer.close({"summary_by_device": conv.summary()})
+        writer.close({"summary_by_device": conv.summary()}, overwrite)
     else:
         tail = ("summary_by_device", "summary_by_node", "request_time_info", "steps")
-        writer.close({k: page.get(k) for k in tail})
+        writer.close({k: page.get(k) for k in tail}, overwrite)
     return {**counts, "pages": pages}
 
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import click
 import requests
@@ -197,16 +197,19 @@ def public_address() -> str:
         return socket.getfqdn()
 
 
-def join_command(redis_url: str) -> str:
-    """The exact command a node joins this broker with: `gswarm client connect HOST:PORT --token PASSWORD`
-    (the URL itself when it is more than host, port and password)."""
+def join_command(redis_url: str, password_file: Path | None = None) -> str:
+    """The exact command a node joins this broker with: `gswarm client connect HOST:PORT`, with `--token` reading the
+    broker's password from its file (the password itself is never printed), or the URL itself when it is more than
+    host, port and password (its password hidden)."""
     parts = urlsplit(redis_url)
     if parts.scheme != "redis" or parts.username or parts.query or parts.path not in ("", "/", "/0"):
-        return f"gswarm client connect {redis_url}"
+        return f"gswarm client connect {hide_password(redis_url)}"
     host = parts.hostname or "127.0.0.1"
     host = public_address() if host in WILDCARDS else host
     where = f"[{host}]" if ":" in host else host
-    token = f" --token {unquote(parts.password)}" if parts.password else ""
+    token = ""
+    if parts.password:
+        token = f' --token "$(cat {password_file})"' if password_file else " --token <the broker's password>"
     return f"gswarm client connect {where}:{parts.port or 6379}{token}"
 
 
@@ -221,7 +224,11 @@ def _print_up(
     console.print(f"  docs        {api}/api/v1/docs")
     where = f"   (password in {Path(settings.home) / PASSWORD_FILE})" if embedded else ""
     console.print(f"  broker      {hide_password(redis_url)}{where}")
-    console.print(f"  join        {join_command(redis_url)}", highlight=False)
+    password_file = Path(settings.home) / PASSWORD_FILE if embedded else None
+    console.print(f"  join        {join_command(redis_url, password_file)}", highlight=False)
+    if embedded:
+        console.print("              (on another host: copy the password in that file, and give it with --token or "
+                      "GSWARM_JOIN_TOKEN)", highlight=False)  # fmt: skip
     if urlsplit(api).hostname in ("127.0.0.1", "localhost", "::1"):
         console.print("              (from this machine only: start with --host 0.0.0.0, or cluster.host, for others)")
     console.print(f"  admin token {settings.token_file}")

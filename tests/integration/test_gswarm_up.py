@@ -80,7 +80,8 @@ def test_gswarm_up_comes_up_healthy_and_stops_clean(tmp_path: Path) -> None:
         password = (home / "redis.password").read_text().strip()
         assert len(password) >= 32
         assert f"http://127.0.0.1:{port}/api/v1/docs" in out and f"redis://:***@127.0.0.1:{rport}/0" in out
-        assert f"gswarm client connect 127.0.0.1:{rport} --token {password}" in out
+        assert f'gswarm client connect 127.0.0.1:{rport} --token "$(cat {home / "redis.password"})"' in out
+        assert password not in out  # the broker's password is a root credential of the fleet: only its file is shown
         assert str(home / "token") in out
         # Redis access is running tasks on nodes: the embedded Redis refuses a client without the password.
         with pytest.raises(redis.AuthenticationError):

@@ -203,7 +203,12 @@ def test_start_without_a_name_report_and_gsprof(fleet: Fleet, tmp_path: Path) ->
     # gsprof, as the original's README has it: a session, its stop (the original's <name>.json), its statistics.
     run(fleet, [*GSPROF, "start", "--name", "data_loading_phase", "--freq", "200", "--enable-bandwidth"], tmp_path)
     wait_for(lambda: fleet.get("/profiler/sessions/data_loading_phase")[1]["host_frame_count"] >= 10, 30, "10 frames")
-    run(fleet, [*GSPROF, "stop", "--name", "data_loading_phase"], tmp_path)
+    (tmp_path / "data_loading_phase.json").write_text("mine")  # a file of that name is there: it is kept
+    kept = run(fleet, [*GSPROF, "stop", "--name", "data_loading_phase"], tmp_path, ok=False)
+    assert kept.returncode == 1 and "--force" in kept.stderr and "nothing was stopped" in kept.stderr, kept
+    assert (tmp_path / "data_loading_phase.json").read_text() == "mine"
+    assert fleet.get("/profiler/sessions/data_loading_phase")[1]["status"] == "active"
+    run(fleet, [*GSPROF, "stop", "--name", "data_loading_phase", "--force"], tmp_path)
     doc = json.loads((tmp_path / "data_loading_phase.json").read_text())
     assert doc["frames"][0]["frame_id"] == 1 and "dram_bandwidth_rx" in doc["frames"][0]
     out = run(

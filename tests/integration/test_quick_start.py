@@ -59,7 +59,9 @@ def test_the_quick_start_as_written(tmp_path: Path, dram_base: Path) -> None:
         procs.append(head)
         head.wait_log("Press Ctrl-C to stop.", timeout=90)
         password = (tmp_path / "head" / "redis.password").read_text().strip()
-        assert f"join        gswarm client connect 127.0.0.1:{bport} --token {password}" in head.log()
+        pw_file = tmp_path / "head" / "redis.password"
+        assert f'join        gswarm client connect 127.0.0.1:{bport} --token "$(cat {pw_file})"' in head.log()
+        assert password not in head.log()
         for port in (hport, mport):  # the model API is the same API on the original's model port
             assert requests.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=5).json()["status"] == "healthy"
         status = run(head_env, "host", "status")

@@ -107,6 +107,12 @@ def test_client_connect_addresses_and_credentials(tmp_path: Path) -> None:
     # a Redis URL as it was (with --token added when it has no password)
     assert broker_of("redis://h:6379/2", None, s) == ("redis://h:6379/2", None)
     assert broker_of("redis://h:6379/2", "t", s) == ("redis://:t@h:6379/2", "--token")
+    joining = settings_here(tmp_path, GSWARM_JOIN_TOKEN="j t")  # every documented source works with a URL too
+    assert broker_of("redis://h:6379/2", None, joining) == (
+        "redis://:j%20t@h:6379/2",
+        "GSWARM_JOIN_TOKEN / cluster.join_token",
+    )
+    assert broker_of("redis://:own@h:6379/2", None, joining) == ("redis://:own@h:6379/2", "the URL")
     # on the host itself, its own broker's password
     Path(s.home).mkdir(parents=True)
     (Path(s.home) / "redis.password").write_text("mine\n")
@@ -162,3 +168,37 @@ def test_original_status_words_and_flags_exist() -> None:
         assert r.exit_code == 0 and flag in r.output, (argv, r.output)
     r = runner.invoke(main, ["queue", "tasks", "--status", "done"])
     assert r.exit_code == 2 and "completed" in r.output
+
+
+def test_the_cli_finds_the_api_of_the_gswarm_running_under_its_home(tmp_path: Path) -> None:
+    from gswarm_web.cli.client import ApiClient
+    from gswarm_web.cli.gsprof import main as gsprof
+    from gswarm_web.cli.local import update_run
+
+    s = settings_here(tmp_path)
+    home = Path(s.home)
+    home.mkdir(parents=True)
+    env = {"GSWARM_HOME": str(home), "GSWARM_CONFIG": ""}
+    assert ApiClient.from_settings(s).base_url == "http://127.0.0.1:8091"  # nothing runs: the defaults
+    claim_run(home, "host start")  # as `host start --http-port 18555 --port 18554 --host 0.0.0.0` records itself
+    update_run(home, api="http://0.0.0.0:18555", broker="redis://:***@0.0.0.0:18554/0")
+    try:
+        assert ApiClient.from_settings(s).base_url == "http://127.0.0.1:18555"
+        named = settings_here(tmp_path, GSWARM_API_URL="http://elsewhere:1")
+        assert ApiClient.from_settings(named).base_url == "http://elsewhere:1"  # an explicit URL wins
+        r = CliRunner().invoke(main, ["nodes"], env=env)
+        assert r.exit_code == 1 and "http://127.0.0.1:18555" in r.output, r.output
+        # gsprof's HOST:PORT: the broker port (the original's gRPC port) names the API beside it; any other the API
+        for address, api in (
+            ("127.0.0.1:18554", "http://127.0.0.1:18555"),
+            ("127.0.0.1:18999", "http://127.0.0.1:18999"),
+            ("127.0.0.1", "http://127.0.0.1:8091"),
+            ("127.0.0.1:8090", "http://127.0.0.1:8091"),
+        ):
+            r = CliRunner().invoke(gsprof, ["status", address], env=env)
+            assert r.exit_code == 1 and f"cannot reach the gswarm API at {api}" in r.output, (address, r.output)
+        r = CliRunner().invoke(gsprof, ["status", "host:port"], env=env)
+        assert r.exit_code == 2 and "is not HOST[:PORT]" in r.output
+    finally:
+        release_run(home)
+        os.environ.pop("GSWARM_API_URL", None)  # gsprof points this process's CLI at the head it was given
