@@ -29,6 +29,8 @@ RECORDS = "processes.json"  # `gswarm up` and `host start`; `client connect` kee
 
 def node_records(home: Path, node: str) -> Path:
     return home / f"node-{node}.processes.json"
+
+
 GRACE_S = 3.0  # a polite stop's budget before SIGKILL (the supervisor's own stop takes about as long)
 
 

@@ -54,6 +54,7 @@ def _own_password(settings: Settings, host: str) -> str | None:
 
 def broker_of(address: str | None, token: str | None, settings: Settings) -> tuple[str, str | None]:
     """(the broker's URL, where its credential came from) for an address as the user gave it."""
+
     def credential_for(host: str) -> tuple[str | None, str | None]:
         """The first credential given: --token, then GSWARM_JOIN_TOKEN / cluster.join_token, then this host's own."""
         found = [(token, "--token"), (settings.join_token, "GSWARM_JOIN_TOKEN / cluster.join_token")]
