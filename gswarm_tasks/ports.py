@@ -19,6 +19,19 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
+def port_bindable(host: str, port: int) -> bool:
+    """Whether a server can bind `port` now (they set SO_REUSEADDR): nothing listens there; connections of an
+    earlier server that wait in TIME_WAIT do not count. For a port the user named: it is free as soon as the
+    replica that had it stopped."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def pick_port(host: str, start: int, taken: set[int]) -> int:
     for port in range(start, start + 1000):
         if port not in taken and port_free(host, port):

@@ -14,7 +14,7 @@ from typing import Any
 from ..context import NodeContext
 from ..devices import Device
 from ..errors import ResourceUnavailable, TaskFailed
-from ..ports import pick_port, port_free
+from ..ports import pick_port, port_bindable, port_free
 from ..settings import Settings
 from .engines import Engine
 from .keys import new_key, write_key
@@ -102,7 +102,7 @@ def launch(
     `key`."""
     model, model_dir, dev, port = what
     taken = {int(e["port"]) for e in node.services.entries()}
-    if port is not None and (port in taken or not port_free(node.address, port)):
+    if port is not None and (port in taken or not port_bindable(node.address, port)):
         raise ResourceUnavailable(f"port {port} is in use on {node.name}", {"field": "port", "port": port})
     key_file, key = node.services.key_file(service_id), new_key()
     env = server_env((gpus or [int(dev.gpu_index or 0)]) if dev.is_gpu else None, cpu=not dev.is_gpu)

@@ -86,10 +86,12 @@ def _queue(model: str, tried: set[str], path: str) -> tuple[Target, float]:
     """No replica to take the request now (none running yet, the others failed, all at `max_in_flight`): wake the
     model's service if it sleeps and wait in the bounded queue; the replica and the seconds waited."""
     d = directory()
-    svc = d.wake(model)
+    svc = cold_start.wake(model)
     if svc is None:
         raise ModelNotFound(f"model: no service serves {model!r}", {"field": "model", "model": model})
     timeout_s, details = svc.cold_start_timeout_s, {"field": "model", "service_id": svc.id, "status": svc.status}
+    if svc.status == "pending":  # a workflow's serve step that has not run: nothing is starting to wait for
+        raise Unavailable(f"model: the service of {model!r} waits for its workflow's serve step to run", details)
     t0 = time.monotonic()
     try:
         target = cold_start.wait_for_replica(model, timeout_s, tried, path, svc.id)
@@ -184,7 +186,7 @@ def proxy(path: str) -> Response:
 
 def _answer(resp: Any, target: Target, stream: bool, t0: float, queue_s: float, attempts: int) -> Response | None:
     """The client's response from a replica's, or None when the replica failed before its first byte."""
-    if resp.status >= 500:
+    if resp.status >= 500 or resp.status == 401:  # 401: the replica's key is not the one we hold (a successor)
         resp.release_conn()
         return None
     out = {
@@ -264,7 +266,7 @@ class FastPath:
         except urllib3.exceptions.HTTPError:
             d.done(target, Outcome(0, time.monotonic() - t0), failed=True)  # quarantined: the view retries elsewhere
             return None
-        if resp.status >= 500:
+        if resp.status >= 500 or resp.status == 401:
             d.done(target, Outcome(0, time.monotonic() - t0), failed=True)
             return None
         gen, prompt = _tokens(resp.data)

@@ -9,7 +9,7 @@ import marshmallow as ma
 
 from ..control import autoscaler, service_state
 from ..control.routing import LOAD_BALANCING
-from ..control.service_state import REPLICA_STATES, SERVICE_STATES
+from ..control.service_state import REPLICA_STATES, SERVICE_STATES, service_healthy
 from ..tables import Replica, Service
 from .pagination import PageArgsSchema, PageSchema
 
@@ -36,7 +36,11 @@ class ReplicaSchema(ma.Schema):
     pid = ma.fields.Integer(allow_none=True)
     status = ma.fields.String(metadata={"enum": list(REPLICA_STATES)})
     status_message = ma.fields.String(allow_none=True)
-    healthy = ma.fields.Boolean(allow_none=True)
+    healthy = ma.fields.Function(
+        lambda r: r.healthy if r.status in ("running", "unhealthy", "draining") else None,
+        allow_none=True,
+        metadata={"description": "its last check, while it serves (null before it runs and once it stopped)"},
+    )
     placement = ma.fields.Dict(allow_none=True, metadata={"description": "the chosen device, candidates, reasons"})
     engine = ma.fields.String(allow_none=True, metadata={"description": "the preset its node started"})
     draining_since = ma.fields.DateTime(allow_none=True, metadata={"description": "scaled down: no new request"})
@@ -54,7 +58,9 @@ class ServiceSchema(ma.Schema):
     port = ma.fields.Function(_of_first("port"), allow_none=True)
     url = ma.fields.Function(_of_first("url"), allow_none=True)
     pid = ma.fields.Function(_of_first("pid"), allow_none=True)
-    healthy = ma.fields.Function(_of_first("healthy"), allow_none=True)
+    healthy = ma.fields.Function(
+        service_healthy, allow_none=True, metadata={"description": "every running replica passed its last check"}
+    )
     last_check_at = ma.fields.Function(lambda s: _iso(getattr(first_replica(s), "last_check_at", None)))
     started_at = ma.fields.Function(lambda s: _iso(getattr(first_replica(s), "started_at", None)))
     replicas = ma.fields.Integer(metadata={"description": "the count the service is kept at"})

@@ -253,7 +253,7 @@ class ServiceStatus(MethodView):
         return {
             "id": svc.id,
             "status": svc.status,
-            "healthy": all(r.healthy for r in running) if running else (first.healthy if first else None),
+            "healthy": service_state.service_healthy(svc),
             "uptime_s": (datetime.now(UTC) - min(started)).total_seconds() if started else None,
             "last_check_at": max(checks) if checks else None,
             "url": first.url if first else None,

@@ -11,6 +11,7 @@ from flask_smorest import Blueprint
 
 from gswarm_tasks.errors import InvalidRequest, NotFound
 
+from ..control.dispatch import send_recorded
 from ..extensions import db
 from ..tables import TaskRecord, WorkflowRun
 from ..workflows.cancel import cancel_workflow
@@ -231,6 +232,7 @@ class WorkflowCancel(MethodView):
             raise InvalidRequest(f"workflow {workflow_id} is already {run.status}", {"status": run.status})
         cancel_workflow(run, reason="cancelled by request")
         db.session.commit()
+        send_recorded()  # the stops of serve steps that may have started their servers
         return run
 
 

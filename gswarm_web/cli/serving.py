@@ -136,7 +136,7 @@ def stop(name_or_service: str, device: str | None, node: str | None) -> None:
     running = [
         s
         for s in c.get("services", per_page=500)["services"]
-        if s["status"] in ("starting", "running", "unhealthy")
+        if s["status"] not in ("stopping", "stopped", "failed")  # pending, idle and degraded ones too
         and name_or_service in (s["id"], s["model_name"])
         and on(s)
     ]

@@ -19,9 +19,13 @@ import threading
 import time
 from typing import Any
 
+import redis
 from flask import Flask, current_app
 
-from ..extensions import db, settings
+from gswarm_tasks import names
+
+from ..extensions import db, redis_client, sender, settings
+from ..tables import Model, ScalingEvent, Service
 from . import live
 from .routing import Target, directory
 
@@ -147,3 +151,54 @@ def wait_for_replica(
         _waiters.leave()
         if counted:
             live.share(d.redis).waiting(str(service_id), -1)  # type: ignore[arg-type]
+
+
+SWEEP_ASK_MS = 500  # a request that finds no replica asks for a sweep at most this often (all web processes)
+
+
+def wake(model: str) -> Service | None:
+    """A model with no running replica: bring its service back (an idle one, or one scaled to zero: to
+    max(1, min_replicas), recorded as a scaling event) and ask the reconciler now."""
+    svc = db.session.scalar(
+        db.select(Service)
+        .join(Model)
+        .where(Model.name == model, Service.status.not_in(("stopping", "stopped", "failed")))
+        .order_by(Service.created_at.desc())
+    )
+    if svc is None:
+        return None
+    if svc.status == "idle" or svc.replicas == 0:
+        wake_service(svc, "a request waits")
+    directory().note_request(svc.id)
+    ask_sweep()
+    return svc
+
+
+def ask_sweep() -> None:
+    """Ask the reconciler for a sweep now: at most one per SWEEP_ASK_MS over every web process, however many requests
+    find no replica (a sweep looks at every service: one serves them all)."""
+    try:
+        if not redis_client().set(names.SWEEP_ASKED_KEY, 1, nx=True, px=SWEEP_ASK_MS):
+            return
+    except redis.RedisError:
+        pass  # asked anyway: without Redis no message reaches the control worker either
+    try:
+        sender().send_task(names.SERVICE_SWEEP, queue=names.CONTROL_QUEUE, priority=names.PRIORITIES["high"])
+    except Exception:  # the beat sweep comes within seconds anyway
+        pass
+
+
+def wake_service(svc: Service, reason: str) -> None:
+    """Start an idle service again (to at least one replica) in one conditional update: of several requests (in
+    several processes) that wake it at once, one records the scaling event."""
+    was, want = svc.replicas, max(1, int((svc.autoscaling or {}).get("min_replicas") or 0), svc.replicas)
+    woke: Any = db.session.execute(
+        db.update(Service)
+        .where(Service.id == svc.id, (Service.status == "idle") | (Service.replicas == 0))
+        .values(status="starting", status_message=f"starting: {reason}", replicas=want)
+    )
+    if woke.rowcount and was == 0:
+        db.session.add(ScalingEvent(service_id=svc.id, from_replicas=0, to_replicas=want, direction="up",
+                                    reason=f"from zero: {reason}", load={"waiting": 1}))  # fmt: skip
+    db.session.commit()
+    db.session.refresh(svc)

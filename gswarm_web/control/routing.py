@@ -31,8 +31,8 @@ from gswarm_tasks import names
 from gswarm_tasks.errors import InvalidRequest
 from gswarm_tasks.serving.engines import OPENAI_ROUTES, key_headers, presets
 
-from ..extensions import db, redis_client, sender, settings
-from ..tables import Model, Node, Replica, ScalingEvent, Service
+from ..extensions import db, redis_client, settings
+from ..tables import Model, Node, Replica, Service
 from . import live, serve_stats
 from .serve_stats import Outcome, stats_key
 
@@ -336,42 +336,6 @@ class Directory:
                 self.redis.hset(names.SERVICE_LAST_REQUEST_KEY, service_id, now)
         except redis.RedisError:
             pass
-
-    def wake(self, model: str) -> Service | None:
-        """A model with no running replica: bring its service back (an idle one, or one scaled to zero: to
-        max(1, min_replicas), recorded as a scaling event) and ask the reconciler now."""
-        svc = db.session.scalar(
-            db.select(Service)
-            .join(Model)
-            .where(Model.name == model, Service.status.not_in(("stopping", "stopped", "failed")))
-            .order_by(Service.created_at.desc())
-        )
-        if svc is None:
-            return None
-        if svc.status == "idle" or svc.replicas == 0:
-            wake_service(svc, "a request waits")
-        self.note_request(svc.id)
-        try:
-            sender().send_task(names.SERVICE_SWEEP, queue=names.CONTROL_QUEUE, priority=names.PRIORITIES["high"])
-        except Exception:  # the beat sweep comes within seconds anyway
-            pass
-        return svc
-
-
-def wake_service(svc: Service, reason: str) -> None:
-    """Start an idle service again (to at least one replica) in one conditional update: of several requests (in
-    several processes) that wake it at once, one records the scaling event."""
-    was, want = svc.replicas, max(1, int((svc.autoscaling or {}).get("min_replicas") or 0), svc.replicas)
-    woke: Any = db.session.execute(
-        db.update(Service)
-        .where(Service.id == svc.id, (Service.status == "idle") | (Service.replicas == 0))
-        .values(status="starting", status_message=f"starting: {reason}", replicas=want)
-    )
-    if woke.rowcount and was == 0:
-        db.session.add(ScalingEvent(service_id=svc.id, from_replicas=0, to_replicas=want, direction="up",
-                                    reason=f"from zero: {reason}", load={"waiting": 1}))  # fmt: skip
-    db.session.commit()
-    db.session.refresh(svc)
 
 
 _directory: Directory | None = None

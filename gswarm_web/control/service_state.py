@@ -227,6 +227,36 @@ def on_failed(rec: TaskRecord) -> None:
     refresh(rep.service)
 
 
+def serve_step_ended(rec: TaskRecord, sent: bool) -> None:
+    """A workflow's serve step ended without starting its server (skipped behind a step that did not succeed, or
+    cancelled): its replica ends, and its service with it when no other replica lives, so nothing routes to a server
+    that will never run and the service's port is free. A step that was sent may be starting the server on its node:
+    it is stopped there (a node that never started it answers NOT_FOUND: stopped)."""
+    rep = _replica_of(rec)
+    if rep is None or rep.status not in LIVE:
+        return
+    why = (
+        "not started: its workflow step was skipped (a step it depends on did not succeed)"
+        if rec.state == "skipped"
+        else f"not started: its workflow step was {rec.state}"
+    )
+    if sent:
+        stop_replica(rep, why)
+    else:
+        rep.status, rep.status_message, rep.stopped_at = "stopped", why, now()
+    svc = rep.service
+    if not live_replicas(svc):
+        svc.status, svc.status_message = "stopping", why
+    refresh(svc)
+
+
+def service_healthy(svc: Service) -> bool | None:
+    """Whether the service answers: True when every running replica passed its last check, False when one failed
+    it, None when none runs (not started yet, idle, stopped)."""
+    running = [r for r in svc.members if r.status in ("running", "unhealthy")]
+    return all(bool(r.healthy) for r in running) if running else None
+
+
 def _forget(replica_ids: list[str]) -> None:
     try:
         live.forget(redis_client(), replica_ids)

@@ -11,6 +11,8 @@ from typing import Any
 from gswarm_tasks import names
 from gswarm_tasks.errors import Conflict, InvalidRequest
 
+from ..control import service_state
+from ..control.dispatch import send_recorded
 from ..extensions import db, redis_client, sender
 from ..tables import TaskRecord, WorkflowRun
 from .dispatcher import advance, send
@@ -53,9 +55,12 @@ def cancel_workflow(run: WorkflowRun, steps: dict[str, TaskRecord] | None = None
     running = []
     for s in steps.values():
         if s.state in LIVE:
-            if s.state in ("queued", "running"):
+            sent = s.state in ("queued", "running")
+            if sent:
                 running.append(s.id)
             s.state, s.finished_at = "cancelled", now()
+            if s.kind == "serve":
+                service_state.serve_step_ended(s, sent)
     _revoke(running)
     if run.status == "running":
         run.status, run.finished_at = "cancelled", now()
@@ -70,12 +75,16 @@ def cancel_step(rec: TaskRecord) -> None:
     if rec.state not in LIVE:
         raise InvalidRequest(f"task {rec.id} is already {rec.state}", {"status": rec.state})
     redis_client().set(names.cancel_task_key(rec.id), "cancelled", ex=names.KEEP_S)
-    if rec.state in ("queued", "running"):
+    sent = rec.state in ("queued", "running")
+    if sent:
         _revoke([rec.id])
     rec.state, rec.finished_at = "cancelled", now()
+    if rec.kind == "serve":
+        service_state.serve_step_ended(rec, sent)
     sends = []
     if run is not None:
         steps = {s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id))}
         sends = advance(run, steps)
     db.session.commit()
+    send_recorded()
     send(sends)

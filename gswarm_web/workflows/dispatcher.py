@@ -16,6 +16,7 @@ from typing import Any
 from gswarm_tasks import names
 from gswarm_tasks.celery_app import priority_value
 
+from ..control import service_state
 from ..extensions import db, redis_client, sender
 from ..tables import TaskRecord, WorkflowRun
 
@@ -80,6 +81,8 @@ def advance(run: WorkflowRun, steps: dict[str, Any]) -> Sends:
             # A queued step behind a failed one in its chain never runs either: Celery stops the chain.
             if s.state in ("pending", "queued") and any(by_step[d].state in BAD for d in s.depends_on or []):
                 s.state, s.finished_at = "skipped", now()
+                if s.kind == "serve":
+                    service_state.serve_step_ended(s, sent=False)
                 changed = True
     sends: Sends = []
     if run.status == "running":

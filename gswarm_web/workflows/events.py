@@ -42,6 +42,8 @@ def _succeeded(s: TaskRecord, data: dict[str, Any], at: datetime) -> None:
 def apply(s: TaskRecord, r: Report) -> bool:
     """One report on one step; terminal states are final. Returns True when the step failed now."""
     if s.state in TERMINAL:
+        if s.kind == "serve" and r.event == "succeeded":
+            service_state.on_succeeded(s, r.data)  # it started after it was cancelled: stopped, not orphaned
         return False
     at = datetime.fromtimestamp(r.time, UTC)
     if r.event in ("started", "retrying", "succeeded", "failed"):
@@ -59,6 +61,8 @@ def apply(s: TaskRecord, r: Report) -> bool:
         return True
     elif r.event == "cancelled":
         s.state, s.finished_at = "cancelled", at
+        if s.kind == "serve":
+            service_state.serve_step_ended(s, sent=False)  # its node saw the mark before it started anything
     return False
 
 
