@@ -161,6 +161,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("api_url", "GSWARM_API_URL", "cluster.api_url", _opt_str, "API the CLI talks to (http://127.0.0.1:8091)"),
     Option("token", "GSWARM_TOKEN", None, _opt_str, "Bearer token the CLI sends (default: $GSWARM_HOME/token)"),
     Option(
+        "api_body_timeout_s",
+        "GSWARM_API_BODY_TIMEOUT",
+        "api.body_timeout_s",
+        float,
+        "Seconds a request's body has to arrive, plus one per MiB of it (10); later it gets 408. The token is "
+        "checked before the body is read",
+    ),
+    Option(
         "admin_token",
         "GSWARM_ADMIN_TOKEN",
         "auth.admin_token",
@@ -611,6 +619,7 @@ class Settings:
     serve_engines: dict[str, Any] = field(default_factory=dict)
     serve_command: None = None
     serve_cold_start_waiters: int = 16
+    api_body_timeout_s: float = 10.0
     serve_scale_up_delay_s: float = 2.0
     serve_scale_down_delay_s: float = 30.0
     serve_autoscale_interval_s: float = 0.5

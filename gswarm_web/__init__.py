@@ -94,9 +94,10 @@ def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
 
     init_events(app)  # the WebSocket at /api/v1/events
     publish_changes()
+    from .api.bodies import BodyGuard
     from .api.gateway import FastPath
 
-    app.wsgi_app = FastPath(app)  # type: ignore[method-assign]
+    app.wsgi_app = BodyGuard(app, FastPath(app))  # type: ignore[method-assign]
     return app
 
 

@@ -1,7 +1,9 @@
 """Slow or many clients cannot stall the control plane: with 64 idle sockets (and half of them sending a request
 that never ends) open to the API as `gswarm up` runs it, /api/v1/health and the gateway at /v1 still answer in
 under 2 s; nginx with the repository's config/nginx.conf in front does the same and drops a client that does not
-finish its headers within client_header_timeout."""
+finish its headers within client_header_timeout. Slow bodies (2,000 sockets that announce a 1 MB body and send a
+byte a second): without a token none is read (401 at once, the connection closed), with one it is cut off at its
+deadline (408), and /api/v1/health answers within 2 s throughout, with and without nginx in front."""
 
 from __future__ import annotations
 
@@ -23,11 +25,15 @@ pytestmark = pytest.mark.serial  # see pyproject.toml: runs alone after the para
 
 IDLE = 64
 LIMIT_S = 2.0
+BODY_TIMEOUT_S = 2
+SLOW_BODIES = 2000
+BIG = 1_000_000
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(tmp_path_factory.mktemp("slow-clients"), redis_db=3, nodes=()) as f:
+    env = {"GSWARM_API_BODY_TIMEOUT": str(BODY_TIMEOUT_S)}
+    with running_fleet(tmp_path_factory.mktemp("slow-clients"), redis_db=3, nodes=(), extra_env=env) as f:
         yield f
 
 
@@ -129,5 +135,96 @@ def test_nginx_with_the_repos_config_holds_slow_clients(api: str, fleet: Fleet, 
         with socket.create_connection(("127.0.0.1", port), timeout=5) as big:
             big.sendall(b"POST /api/v1/data HTTP/1.1\r\nHost: x\r\nContent-Length: 70000000\r\n\r\n")
             assert big.recv(4096).startswith(b"HTTP/1.1 413")
+    finally:
+        proxy.stop()
+
+
+SLOW_PATHS = ("/api/v1/data", "/v1/embeddings", "/api/v1/workflows", "/v1/chat/completions")
+
+
+def slow_bodies(port: int, n: int, token: str | None = None) -> list[socket.socket]:
+    """`n` connections that announce a BIG-byte JSON body and send its first byte."""
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    socks = []
+    for i in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        head = f"POST {SLOW_PATHS[i % len(SLOW_PATHS)]} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(f"{head}{auth}Content-Length: {BIG}\r\n\r\n{{".encode())
+        s.setblocking(False)
+        socks.append(s)
+    return socks
+
+
+def trickle_and_watch_health(base: str, socks: list[socket.socket], seconds: float) -> dict[str, bytes]:
+    """A byte a second on every socket still open, while /api/v1/health is asked every 0.2 s (each must answer
+    within LIMIT_S); what each socket got back, by index, once the server closed it."""
+    answers: dict[str, bytes] = {}
+    end, next_byte = time.monotonic() + seconds, 0.0
+    while time.monotonic() < end:
+        answered_fast(f"{base}/api/v1/health")
+        for i, s in enumerate(socks):
+            if str(i) in answers:
+                continue
+            try:
+                data = s.recv(4096)
+                answers[str(i)] = data or b"(closed)"
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                answers[str(i)] = b"(reset)"
+                continue
+            if time.monotonic() >= next_byte:
+                try:
+                    s.send(b" ")
+                except OSError:
+                    answers[str(i)] = b"(reset)"
+        if time.monotonic() >= next_byte:
+            next_byte = time.monotonic() + 1.0
+        time.sleep(0.2)
+    return answers
+
+
+def test_slow_bodies_without_a_token_are_never_read(api: str) -> None:
+    socks = slow_bodies(int(api.rsplit(":", 1)[1]), SLOW_BODIES)
+    try:
+        answers = trickle_and_watch_health(api, socks, 8)
+        refused = [a for a in answers.values() if a.startswith(b"HTTP/1.1 401")]
+        assert len(refused) == SLOW_BODIES, {a[:40] for a in answers.values()} | {
+            b"open: %d" % (SLOW_BODIES - len(answers))
+        }
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_a_slow_body_with_a_token_is_cut_off_at_its_deadline(api: str, fleet: Fleet) -> None:
+    t0 = time.monotonic()
+    socks = slow_bodies(int(api.rsplit(":", 1)[1]), 20, fleet.token)
+    try:
+        answers = trickle_and_watch_health(api, socks, BODY_TIMEOUT_S + 6)
+        assert len(answers) == 20 and all(a.startswith(b"HTTP/1.1 408") for a in answers.values()), answers
+        assert time.monotonic() - t0 >= BODY_TIMEOUT_S
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_nginx_in_front_holds_slow_bodies_and_the_api_answers(api: str, fleet: Fleet, tmp_path: Path) -> None:
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    port = free_port()
+    conf = nginx_conf(tmp_path, port, api.removeprefix("http://"))
+    argv = [nginx, "-p", f"{tmp_path}/", "-c", str(conf), "-e", "stderr", "-g", "daemon off;"]
+    proxy = Proc("nginx-bodies", argv, fleet.env, tmp_path).start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: requests.get(f"{base}/api/v1/health", timeout=2).status_code == 200, 30, "nginx up")
+        socks = slow_bodies(port, SLOW_BODIES)
+        try:
+            trickle_and_watch_health(base, socks, 8)
+            check_answers(base, fleet.token)
+        finally:
+            for s in socks:
+                s.close()
     finally:
         proxy.stop()
