@@ -32,6 +32,7 @@ from ..errors import GswarmError, InvalidRequest, ModelNotFound, NotFound, Resou
 from .engines import KEY_HEADER
 from .generation import chat_prompt, complete, events, params_of, stream_text
 from .inflight import Active
+from .inputs import MAX_BODY_BYTES, bounded, strings
 from .keepalive import IDLE_S, accepted
 from .keepalive import make_server as keep_alive_server
 from .keys import read_key_file, require_key
@@ -115,17 +116,6 @@ def load_backend(path: Path, task: str, device: str, trust_remote_code: bool) ->
     model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **opts)
     model = model.to(device).eval()
     return Backend(COMPLETE, model, tokenizer)
-
-
-def _strings(body: dict[str, Any], key: str, max_items: int) -> list[str]:
-    value = body.get(key)
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not items or not all(isinstance(s, str) and s for s in items):
-        raise InvalidRequest(f"'{key}' must be a non-empty string or a non-empty list of them", {"field": key})
-    if len(items) > max_items:
-        details = {"field": key, "count": len(items), "max_batch_size": max_items}
-        raise InvalidRequest(f"'{key}' has {len(items)} items; at most {max_items} per request", details)
-    return items
 
 
 def embed(backend: Backend, texts: list[str], fmt: str, batch: int) -> tuple[list[Any], int]:
@@ -247,7 +237,7 @@ class _Server:
     def embeddings(self) -> Response:
         self.only(EMBED)
         body = self.json_body()
-        texts = _strings(body, "input", self.max_batch)
+        texts = strings(body, "input", self.max_batch)
         fmt = body.get("encoding_format") or "float"
         if fmt not in ("float", "base64"):
             raise InvalidRequest("'encoding_format' must be 'float' or 'base64'", {"field": "encoding_format"})
@@ -259,7 +249,7 @@ class _Server:
     def completions(self) -> Response:
         self.only(COMPLETE)
         body = self.json_body()
-        prompts = _strings(body, "prompt", self.max_batch)
+        prompts = strings(body, "prompt", self.max_batch)
         params = params_of(body)
         if params["stream"]:
             if len(prompts) != 1:
@@ -279,7 +269,10 @@ class _Server:
         self.only(COMPLETE)
         body = self.json_body()
         params = params_of(body)
-        prompt = chat_prompt(self.backend.tokenizer, body.get("messages"))
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            bounded([str(m.get("content", "")) for m in messages if isinstance(m, dict)], "messages")
+        prompt = chat_prompt(self.backend.tokenizer, messages)
         if params["stream"]:
             pieces = stream_text(self.backend, prompt, params)
             return Response(events(self.name, "chat.completion", pieces), mimetype="text/event-stream")
@@ -295,7 +288,7 @@ DRAIN_S = 12.0  # on SIGTERM, requests in flight get this long (the node sends S
 
 def create_app(backend: Backend, name: str, device: str, max_batch: int, key: str | None = None) -> Flask:
     app = Flask("gswarm_model_server")
-    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     server = _Server(backend, name, device, max_batch)
     app.before_request(require_key(key))
     app.before_request(server.count)

@@ -320,3 +320,24 @@ def test_chat_and_streams_with_the_openai_client(tmp_path: Path) -> None:
         assert_error(*bad, 422, "INVALID_REQUEST")
     finally:
         server.stop()
+
+
+def test_inputs_are_bounded_in_characters_and_a_long_one_does_not_hold_the_replica(minilm: Server) -> None:
+    from gswarm_tasks.serving.inputs import MAX_INPUT_CHARS, MAX_REQUEST_CHARS
+
+    t0 = time.monotonic()
+    status, body = call(minilm.url + "/v1/embeddings", {"input": "word " * (MAX_INPUT_CHARS // 5 + 1)})
+    err = assert_error(status, body, 422, "INVALID_REQUEST")
+    assert err["details"]["max_input_chars"] == MAX_INPUT_CHARS and err["details"]["field"] == "input"
+    per_input = MAX_REQUEST_CHARS // 20
+    status, body = call(minilm.url + "/v1/embeddings", {"input": ["a" * per_input] * 21})
+    err = assert_error(status, body, 422, "INVALID_REQUEST")
+    assert err["details"]["max_request_chars"] == MAX_REQUEST_CHARS
+    host, port = minilm.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:  # a 60 MiB body: refused from its length
+        s.sendall(f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n{KEY_HEADER}: {KEY}\r\nContent-Type: "
+                  f"application/json\r\nContent-Length: {60 << 20}\r\n\r\n".encode())  # fmt: skip
+        assert s.recv(4096).startswith(b"HTTP/1.1 413")
+    assert time.monotonic() - t0 < 10  # nothing of it was tokenized
+    status, body = call(minilm.url + "/v1/embeddings", {"input": "one word"})
+    assert status == 200 and len(body["data"][0]["embedding"]) == 384
