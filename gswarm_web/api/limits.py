@@ -7,6 +7,7 @@ does and is left as it is (a body it cannot read falls through to its Flask view
 from __future__ import annotations
 
 import re
+import sys
 from array import array
 from itertools import accumulate
 
@@ -30,20 +31,36 @@ def json_depth_over(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether JSON text nests arrays and objects deeper than `limit` (unclosed ones count too)."""
     if data.count(b"[") + data.count(b"{") <= limit:
         return False
+    outside = _outside_strings(data)  # what lies between strings
+    return max(accumulate(array("b", outside.translate(_STEPS, _NOT_BRACKETS))), default=0) > limit
+
+
+MAX_DIGITS = sys.get_int_max_str_digits() or 4300  # Python's bound on int(str): past it a parse raises ValueError
+_LONG_NUMBER_RE = re.compile(rb"[0-9]{%d}" % (MAX_DIGITS + 1))
+
+
+def _outside_strings(data: bytes) -> bytes:
     if b"\\" in data:
         data = _ESCAPE_RE.sub(b"", data)  # an escaped quote neither opens nor closes a string
-    outside = b"".join(data.split(b'"')[::2])  # what lies between strings
-    return max(accumulate(array("b", outside.translate(_STEPS, _NOT_BRACKETS))), default=0) > limit
+    return b"".join(data.split(b'"')[::2])
+
+
+def number_too_long(data: bytes) -> bool:
+    """Whether JSON text holds a number of more digits than Python parses (digits inside strings do not count)."""
+    return _LONG_NUMBER_RE.search(data) is not None and _LONG_NUMBER_RE.search(_outside_strings(data)) is not None
 
 
 def refuse_deep_json() -> None:
     if not request.is_json:
         return
-    if json_depth_over(request.get_data(cache=True)):
+    data = request.get_data(cache=True)
+    if json_depth_over(data):
         raise TooDeep(
             f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels is not accepted",
             {"field": "body", "max_depth": MAX_JSON_DEPTH},
         )
+    if number_too_long(data):
+        raise TooDeep(f"body: a number of more than {MAX_DIGITS} digits", {"field": "body", "max_digits": MAX_DIGITS})
 
 
 def limit_json_depth(app: Flask) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
@@ -149,3 +150,17 @@ def test_a_nul_character_anywhere_is_refused_naming_where(client: FlaskClient, a
     assert r.status_code == 422 and assert_error_shape(r.json, "INVALID_REQUEST")["details"]["field"] == "name"
     r = client.post("/api/v1/tokens", json={"name": "a\x00b"}, headers=bearer(admin_token))
     assert r.status_code == 422 and r.json["error"]["details"]["field"] == "name"
+
+
+@pytest.mark.parametrize("path", ["/api/v1/tokens", "/api/v1/data", "/api/v1/scheduling/simulate", "/v1/embeddings"])
+def test_a_number_past_pythons_digit_bound_is_400_and_digits_in_strings_are_fine(
+    client: FlaskClient, admin_token: str, path: str
+) -> None:
+    huge = "7" * 5000
+    r = client.post(path, data='{"name": "x", "n": ' + huge + '}', headers=bearer(admin_token),
+                    content_type="application/json")  # fmt: skip
+    assert r.status_code == 400 and r.json["error"]["details"] == {"field": "body", "max_digits": 4300}, r.json
+    from gswarm_web.api.limits import number_too_long
+
+    assert number_too_long(('{"n": ' + huge + "}").encode())
+    assert not number_too_long(('{"n": "' + huge + '", "m": "a\\"' + huge + '"}').encode())  # text, not numbers
