@@ -13,7 +13,6 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # no display on servers
-import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -120,7 +119,8 @@ def render(doc: dict[str, Any], spans: list[dict[str, Any]] | None = None, fmt: 
     frames, hosts = doc["frames"], doc.get("host_frames") or []
     t0 = min((f["time"] for f in [*frames, *hosts]), default=0.0)
     panels = panels_of(doc, spans)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 2.6 * len(panels)), squeeze=False)
+    fig = Figure(figsize=(11, 2.6 * len(panels)))  # not pyplot's: no global state, so threads may draw at once
+    axes = fig.subplots(len(panels), 1, squeeze=False)
     ax = {name: axes[i][0] for i, name in enumerate(panels)}
     if frames:
         _gpu_panels(fig, ax, frames, t0)
@@ -136,7 +136,6 @@ def render(doc: dict[str, Any], spans: list[dict[str, Any]] | None = None, fmt: 
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt)
-    plt.close(fig)
     return buf.getvalue(), len(panels)
 
 

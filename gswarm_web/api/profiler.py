@@ -32,6 +32,7 @@ from ..control.session_state import (
 from ..extensions import db, redis_client
 from ..plots import render, step_spans
 from ..tables import Node, ProfilerSession, TaskRecord
+from .offload import offload
 from .profiler_schemas import (
     ExportArgsSchema,
     ImportFramesSchema,
@@ -289,7 +290,8 @@ class SessionPlot(MethodView):
         workflow steps as spans (PNG or PDF); bounded as the export is"""
         s = get_session(name)
         window = window_of(s, args)
-        data, panels = render(document(s, window), step_spans(steps_in(window), *window), args["format"])
+        doc, spans = document(s, window), step_spans(steps_in(window), *window)
+        data, panels = offload(render, doc, spans, args["format"])  # matplotlib: seconds of CPU
         resp = Response(data, mimetype="image/png" if args["format"] == "png" else "application/pdf")
         resp.headers["X-Panels"] = str(panels)
         return resp

@@ -10,6 +10,7 @@ from flask_smorest import Blueprint
 
 from ..control.fleet import current_view
 from ..scheduling import MODES, PUBLIC_POLICIES, simulate_payload, validate_payload
+from .offload import offload
 
 blp = Blueprint("scheduling", __name__, url_prefix="/api/v1", description="Scheduling: simulation and the fleet")
 
@@ -66,7 +67,7 @@ class Simulate(MethodView):
     @blp.response(200, ScheduleSchema)
     def post(self, args: dict[str, Any]) -> dict[str, Any]:
         """Simulate a policy on a request trace (the same inputs and output as `gswarm schedule simulate`)"""
-        return simulate_payload({k: v for k, v in args.items() if v is not None})
+        return offload(simulate_payload, {k: v for k, v in args.items() if v is not None})
 
 
 @blp.route("/scheduling/validate")
@@ -76,7 +77,7 @@ class Validate(MethodView):
     def post(self, args: dict[str, Any]) -> dict[str, Any]:
         """Check a schedule against its inputs: every step once, dependencies, overlaps, loads, summary"""
         args.pop("policy", None)
-        return validate_payload({k: v for k, v in args.items() if v is not None})
+        return offload(validate_payload, {k: v for k, v in args.items() if v is not None})
 
 
 @blp.route("/scheduling/fleet")

@@ -228,3 +228,28 @@ def test_nginx_in_front_holds_slow_bodies_and_the_api_answers(api: str, fleet: F
                 s.close()
     finally:
         proxy.stop()
+
+
+def test_a_heavy_simulation_leaves_the_api_answering(api: str, fleet: Fleet) -> None:
+    import threading
+
+    from gswarm_web.scheduling.generator import bench_config, generate
+
+    config = bench_config()
+    body = {"config": config, "requests": generate(config, requests=6000, gpus=16, utilization=0.8), "gpus": 16}
+    done: list[requests.Response] = []
+    heavy = [threading.Thread(target=lambda: done.append(requests.post(
+        f"{api}/api/v1/scheduling/simulate", json=body, headers={"Authorization": f"Bearer {fleet.token}"},
+        timeout=120))) for _ in range(4)]  # fmt: skip
+    for t in heavy:
+        t.start()
+    slowest = 0.0
+    while any(t.is_alive() for t in heavy):
+        t0 = time.perf_counter()
+        assert requests.get(f"{api}/api/v1/health", timeout=30).status_code == 200
+        slowest = max(slowest, time.perf_counter() - t0)
+        time.sleep(0.1)
+    for t in heavy:
+        t.join()
+    assert [r.status_code for r in done] == [200] * 4 and done[0].json()["executions"]
+    assert slowest < LIMIT_S, f"/health took {slowest:.2f} s beside four simulations"
