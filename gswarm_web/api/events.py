@@ -37,7 +37,11 @@ log = logging.getLogger(__name__)
 bp = Blueprint("events", __name__, url_prefix="/api/v1")
 sock = Sock()
 TYPES = ("node", "task", "workflow", "step", "service", "replica", "model", "profiler_session")
-AUTH_WAIT_S = 10.0
+AUTH_WAIT_S = 3.0
+# Sockets of this process waiting for their first message (no token yet): each holds a socket and a greenlet, so
+# a flood of upgrades without a token is refused at once beyond this, before the upgrade.
+MAX_UNAUTHENTICATED = 32
+_unauthenticated = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
 BACKLOG = 1000  # messages a socket may fall behind before it is told to resync
 RECHECK_S = 30.0  # a revoked token's socket is closed within this (and auth's cache)
 POLICY_VIOLATION = 1008
@@ -159,6 +163,19 @@ def _upgrade_request() -> None:
     g.event_token = token or None
     if token:
         g.role, g.token_name = _identify(token)
+    elif _unauthenticated.acquire(blocking=False):
+        g.event_waiting = True  # released when the request ends (teardown), whatever became of it
+    else:
+        raise Unauthorized(
+            f"{MAX_UNAUTHENTICATED} sockets of this server already wait for their token: send it on the upgrade "
+            "(Authorization: Bearer <token>)"
+        )
+
+
+@bp.teardown_request
+def _release(_exc: BaseException | None) -> None:
+    if g.pop("event_waiting", False):
+        _unauthenticated.release()
 
 
 def _first_message(ws: Any) -> tuple[str, set[str]]:
@@ -192,6 +209,8 @@ def events(ws: Any) -> None:
     except (Unauthorized, Forbidden, InvalidRequest) as exc:
         _refuse(ws, exc)
         return
+    finally:
+        _release(None)  # it waits no longer: its place is free for the next socket
     listener = hub.join(settings().effective_redis_url, types)
     try:
         hello = {"type": "hello", "role": g.role, "name": g.token_name, "types": sorted(types or TYPES)}

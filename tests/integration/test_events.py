@@ -197,3 +197,24 @@ def test_the_stream_works_through_the_repos_nginx_config(fleet: Fleet, gunicorn:
         listeners_get_a_step(fleet, f"ws://127.0.0.1:{port}/api/v1/events", 4)
     finally:
         proxy.stop()
+
+
+def test_upgrades_without_a_token_are_dropped_fast_and_bounded(fleet: Fleet, ws_url: str) -> None:
+    from gswarm_web.api.events import AUTH_WAIT_S, MAX_UNAUTHENTICATED
+
+    silent = [websocket.create_connection(ws_url, timeout=10) for _ in range(MAX_UNAUTHENTICATED)]
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(websocket.WebSocketBadStatusException) as exc:  # one more: refused before the upgrade
+            websocket.create_connection(ws_url, timeout=10)
+        assert exc.value.status_code == 401 and "wait for their token" in exc.value.resp_body.decode()
+        assert connect(ws_url, token(fleet, "read-only")) is not None  # a token on the upgrade still gets in
+        for ws in silent:  # each silent one is closed once its wait is over
+            msg = json.loads(ws.recv())
+            assert msg["type"] == "error" and msg["error"]["code"] == "UNAUTHORIZED"
+        assert time.monotonic() - t0 < AUTH_WAIT_S + 3
+        # their places are free again: a browser's first message is taken
+        assert connect(ws_url, first={"token": token(fleet, "read-only")}) is not None
+    finally:
+        for ws in silent:
+            ws.close()
