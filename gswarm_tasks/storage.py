@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import blake3
 
@@ -180,15 +180,22 @@ def check_file(path: Path, expected: dict[str, Any], rel: str) -> None:
         )
 
 
-def verified_copy(src: Path, dst: Path, expected: dict[str, Any] | None, progress: Progress | None = None) -> None:
-    """Copy src to dst and check blake3 against `expected` on the way.
+def verified_copy(
+    src: Path,
+    dst: Path,
+    expected: dict[str, Any] | None,
+    progress: Progress | None = None,
+    opened: IO[bytes] | None = None,
+) -> None:
+    """Copy src (or the file `opened` from it, read from where it was checked) to dst and check blake3 against
+    `expected` on the way.
 
     The source is mapped, not read: each chunk is copied once (page cache -> destination) while a second
     thread hashes the same mapped pages, so verification costs no extra pass over the data.
     """
     dst.parent.mkdir(parents=True, exist_ok=True)
     hasher = blake3.blake3()
-    size = src.stat().st_size
+    size = os.fstat(opened.fileno()).st_size if opened is not None else src.stat().st_size
     if expected is not None and size != expected["size"]:
         raise VerificationError(f"{src.name}: size {size} != {expected['size']}", {"file": str(src)})
     q: queue.Queue[memoryview | None] = queue.Queue(maxsize=8)
@@ -200,7 +207,7 @@ def verified_copy(src: Path, dst: Path, expected: dict[str, Any] | None, progres
     t = threading.Thread(target=hash_loop, daemon=True)
     t.start()
     try:
-        with open(src, "rb") as fi, open(dst, "wb", buffering=0) as fo:
+        with opened or open(src, "rb") as fi, open(dst, "wb", buffering=0) as fo:
             if size:
                 with mmap.mmap(fi.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                     view = memoryview(mm)

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 import urllib3
 
+from ..devices import open_under
 from ..errors import Forbidden, InvalidRequest, NetworkError, NotFound, ResourceUnavailable
 from ..models.sources import parse_source
 from ..settings import Settings
@@ -140,9 +141,8 @@ def fetch_into(url: str | None, dest: Path, settings: Settings, progress: Progre
     src = parse_data_source(url, settings)
     if src.scheme == "file":
         assert src.path is not None
-        if not Path(src.path).is_file():
-            raise NotFound(f"source: {src.path} is not a file", {"field": "source"})
-        shutil.copyfile(src.path, dest)
+        with open_under(src.path, settings.allowed_roots) as fi, open(dest, "wb") as fo:
+            shutil.copyfileobj(fi, fo, CHUNK)
     elif src.scheme == "s3":
         _fetch_s3(src.url, dest, settings)
     else:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from ..devices import open_under
 from ..errors import InvalidRequest, NetworkError, NotFound, VerificationError
 from ..storage import iter_files, verified_copy
 from ..urls import parse_url
@@ -188,15 +189,19 @@ def verify_against_hub(dest: Path, manifest: dict[str, Any], expected: dict[str,
             raise VerificationError(f"{rel}: git blob id differs from the hub's", {"file": rel})
 
 
-def copy_local(source: Source, dest: Path, progress: Callable[[int], None]) -> dict[str, Any]:
-    """Copy a local directory (or one file) that lies under an allowed root."""
+def copy_local(
+    source: Source, dest: Path, progress: Callable[[int], None], allowed_roots: Sequence[str]
+) -> dict[str, Any]:
+    """Copy a local directory (or one file) that lies under an allowed root: each file is checked as it is opened,
+    so nothing outside the roots is read, whatever links the tree holds or gains meanwhile."""
     assert source.path is not None
     src = Path(source.path)
+    roots = list(allowed_roots)
     if src.is_file():
-        verified_copy(src, dest / src.name, None, progress)
+        verified_copy(src, dest / src.name, None, progress, open_under(src, roots, "source_url"))
     elif src.is_dir():
         for rel, p in iter_files(src):
-            verified_copy(p, dest / rel, None, progress)
+            verified_copy(p, dest / rel, None, progress, open_under(p, roots, "source_url"))
     else:
         raise NotFound(f"{src} does not exist on this node", {"path": str(src)})
     return {"path": str(src)}

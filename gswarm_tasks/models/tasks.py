@@ -80,7 +80,7 @@ def op_download(node: NodeContext, settings: Settings, op_id: str, model: str, s
             assert source.path is not None
             local = Path(source.path)
             on_total(tree_size(local) if local.is_dir() else local.stat().st_size)
-            meta = copy_local(source, staging, rep.progress)
+            meta = copy_local(source, staging, rep.progress, settings.allowed_roots)
         rep.set_phase("verifying", reset=True)
         manifest = build_manifest(staging, rep.progress)
         if "expected" in meta:
