@@ -89,6 +89,7 @@ class ApiToken(db.Model):  # type: ignore[name-defined]
     role: Mapped[str] = mapped_column(String(16))
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))
+    models: Mapped[list[str] | None] = mapped_column(JSON)  # an inference token's models (None: every one)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 

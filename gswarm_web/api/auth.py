@@ -10,6 +10,7 @@ import secrets
 import threading
 import time
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from flask import Flask, current_app, g, request
 
@@ -23,7 +24,7 @@ ROLES = ("admin", "read-only", "inference")
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 GATEWAY = "gateway"  # the blueprint of /v1
 CACHE_S = 5.0
-_known: dict[str, tuple[float, tuple[str, str]]] = {}
+_known: dict[str, tuple[float, Identity]] = {}
 _known_lock = threading.Lock()
 # Reachable without a token: liveness for load balancers, the API's own description, and the dashboard's files
 # (its page asks for a token and sends it with every API call).
@@ -44,12 +45,27 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create_token(name: str, role: str = "admin") -> str:
-    """Make a token, store its hash, and return the token itself (shown once)."""
+class Identity(NamedTuple):
+    """Who a valid token is: its role, its name, and for an inference token scoped to models, those models."""
+
+    role: str
+    name: str
+    models: tuple[str, ...] | None = None
+
+    def may_call(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+
+def create_token(name: str, role: str = "admin", models: list[str] | None = None) -> str:
+    """Make a token, store its hash, and return the token itself (shown once). `models` scopes an inference token
+    to those models (the gateway refuses the others, /v1/models lists only them)."""
     if role not in ROLES:
         raise InvalidRequest(f"role: must be one of {', '.join(ROLES)}", {"field": "role", "value": role})
+    if models is not None and role != "inference":
+        raise InvalidRequest("models: only an inference token is scoped to models", {"field": "models"})
     token = "gsw_" + secrets.token_urlsafe(32)
-    db.session.add(ApiToken(name=name, role=role, token_hash=hash_token(token), prefix=token[:10]))
+    scope = sorted(set(models)) if models is not None else None
+    db.session.add(ApiToken(name=name, role=role, token_hash=hash_token(token), prefix=token[:10], models=scope))
     db.session.commit()
     return token
 
@@ -72,33 +88,28 @@ def ensure_token(name: str, token: str, role: str = "admin") -> None:
         db.session.commit()
 
 
-def identity_of(token: str) -> tuple[str, str] | None:
-    """(role, token name) of a valid token; None for an unknown or revoked one."""
+def identity_of(token: str) -> Identity | None:
+    """Who a valid token is; None for an unknown or revoked one."""
     fixed = current_app.config.get("GSWARM_ADMIN_TOKEN")
     # A short fixed token is refused at start-up; one set later (straight into the config) is still never accepted.
     if fixed and long_enough(str(fixed), "admin") and hmac.compare_digest(token.encode(), str(fixed).encode()):
-        return "admin", "admin-token"
+        return Identity("admin", "admin-token")
     key = hash_token(token)
     with _known_lock:
         hit = _known.get(key)
     if hit is not None and hit[0] > time.monotonic():
         return hit[1]
     row = db.session.execute(
-        db.select(ApiToken.role, ApiToken.name, ApiToken.revoked_at).where(ApiToken.token_hash == key)
+        db.select(ApiToken.role, ApiToken.name, ApiToken.revoked_at, ApiToken.models).where(ApiToken.token_hash == key)
     ).first()
     if row is None or row.revoked_at is not None:
         return None
-    ident = (str(row.role), str(row.name))
+    ident = Identity(str(row.role), str(row.name), tuple(row.models) if row.models is not None else None)
     with _known_lock:
         if len(_known) > 10_000:
             _known.clear()
         _known[key] = (time.monotonic() + CACHE_S, ident)
     return ident
-
-
-def role_of(token: str) -> str | None:
-    ident = identity_of(token)
-    return ident[0] if ident else None
 
 
 def revoke_token(prefix: str) -> int:
@@ -133,7 +144,8 @@ def init_auth(app: Flask) -> None:
         ident = identity_of(token.strip())
         if ident is None:
             raise Unauthorized("the bearer token is not valid")
-        g.role, g.token_name = ident
+        g.role, g.token_name, g.token_models = ident
+        g.token_hash = hash_token(token.strip())
         _authorize(g.role)
 
 

@@ -137,6 +137,7 @@ def _types(value: Any, where: str) -> set[str]:
 
 
 def _identify(token: str) -> tuple[str, str]:
+    """(role, name) of a token that may listen."""
     ident = identity_of(token)
     db.session.remove()  # a socket lives long: it holds no database connection while it waits
     if ident is None:
@@ -145,7 +146,7 @@ def _identify(token: str) -> tuple[str, str]:
         raise Forbidden(
             "an inference token may only call the gateway (/v1), not the event stream", {"role": "inference"}
         )
-    return ident
+    return ident.role, ident.name
 
 
 @bp.before_request

@@ -21,17 +21,17 @@ from typing import Any
 
 import marshmallow as ma
 import urllib3
-from flask import Flask, Response, request, stream_with_context
+from flask import Flask, Response, g, request, stream_with_context
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
-from gswarm_tasks.errors import InvalidRequest, ModelNotFound, NetworkError, NotFound, ResourceUnavailable
+from gswarm_tasks.errors import Forbidden, InvalidRequest, ModelNotFound, NetworkError, NotFound, ResourceUnavailable
 
 from ..control import cold_start, live
 from ..control.routing import Target, directory, forward
 from ..control.serve_stats import Outcome
 from ..errors import REQUEST_ID_RE, error_response, request_id
-from .auth import identity_of
+from .auth import Identity, identity_of
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,10 @@ def proxy(path: str) -> Response:
     """Send the request to a replica; one that fails before its first byte (streams included) is replaced by
     another, and a request with no replica free waits in the bounded queue."""
     raw, model, stream = _body()
+    scope = g.get("token_models")
+    if scope is not None and model not in scope:
+        raise Forbidden(f"model: this token may not call {model!r} (it may call: {', '.join(scope) or 'none'})",
+                        {"field": "model", "models": list(scope)})  # fmt: skip
     d, t0 = directory(), time.monotonic()
     if d.serves(model, path) is False:
         raise NotFound(f"{path}: not served by the engines of {model!r}", {"field": "model", "path": path})
@@ -255,9 +259,9 @@ class FastPath:
         rid = given if REQUEST_ID_RE.match(given) else f"req-{uuid.uuid4().hex[:20]}"
         d = directory()
         with self.app.app_context():
-            ident = identity_of(token.strip()) if self.app.config.get("GSWARM_AUTH", True) else ("admin", "-")
-            if ident is None or ident[0] not in GATEWAY_ROLES:
-                return None
+            ident = identity_of(token.strip()) if self.app.config.get("GSWARM_AUTH", True) else Identity("admin", "-")
+            if ident is None or ident.role not in GATEWAY_ROLES or not ident.may_call(model):
+                return None  # the view answers it (401, 403) in the API's shape
             target = d.pick(model, set(), path=path)
         if target is None:
             return None
@@ -299,7 +303,9 @@ class Models(MethodView):
     @blp.response(200, GatewayModelsSchema)
     def get(self) -> dict[str, Any]:
         """The served models"""
-        data = [{"id": name, "object": "model", "owned_by": "gswarm"} for name in directory().models()]
+        scope = g.get("token_models")
+        served = [m for m in directory().models() if scope is None or m in scope]  # what this token may call
+        data = [{"id": name, "object": "model", "owned_by": "gswarm"} for name in served]
         return {"object": "list", "data": data}
 
 

@@ -21,12 +21,18 @@ blp = Blueprint("tokens", __name__, url_prefix="/api/v1", description="API token
 class TokenCreateSchema(ma.Schema):
     name = ma.fields.String(required=True, validate=ma.validate.Length(min=1, max=128))
     role = ma.fields.String(load_default="read-only", validate=ma.validate.OneOf(ROLES))
+    models = ma.fields.List(
+        ma.fields.String(validate=ma.validate.Length(min=1, max=200)),
+        validate=ma.validate.Length(max=1000),
+        metadata={"description": "an inference token's models: the gateway refuses the others (default: every one)"},
+    )
 
 
 class TokenSchema(ma.Schema):
     name = ma.fields.String()
     role = ma.fields.String()
     prefix = ma.fields.String()
+    models = ma.fields.List(ma.fields.String(), allow_none=True, metadata={"description": "null: every model"})
     created_at = ma.fields.DateTime()
     revoked_at = ma.fields.DateTime(allow_none=True)
     token = ma.fields.String(metadata={"description": "shown once, at creation"})
@@ -36,14 +42,17 @@ class TokenSchema(ma.Schema):
 class Tokens(MethodView):
     @blp.response(200, TokenSchema(many=True))
     def get(self) -> list[ApiToken]:
-        """List tokens (their prefixes, never the tokens)"""
-        return list(db.session.scalars(db.select(ApiToken).order_by(ApiToken.id)))
+        """List tokens (their prefixes, never the tokens); a read-only token sees only itself"""
+        query = db.select(ApiToken).order_by(ApiToken.id)
+        if g.get("role", "admin") != "admin":
+            query = query.where(ApiToken.token_hash == g.get("token_hash"))
+        return list(db.session.scalars(query))
 
     @blp.arguments(TokenCreateSchema)
     @blp.response(201, TokenSchema)
     def post(self, args: dict[str, Any]) -> ApiToken:
         """Create a token; the response is the only time it is shown"""
-        token = create_token(args["name"], args["role"])
+        token = create_token(args["name"], args["role"], args.get("models"))
         row = db.session.scalar(db.select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
         row.token = token  # not a column: returned once, never stored
         return row

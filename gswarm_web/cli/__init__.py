@@ -192,13 +192,14 @@ def token() -> None:
     default=None,
     help="admin (the default), read-only, or inference (the gateway at /v1 and nothing else).",
 )
-def token_create(name: str, read_only: bool, role: str | None) -> None:
+@click.option("--model", "models", multiple=True, help="An inference token's model (repeat it); default: every one.")
+def token_create(name: str, read_only: bool, role: str | None, models: tuple[str, ...]) -> None:
     """Create a token in the database of this host's settings and print it (shown once)."""
     from gswarm_web import create_app
     from gswarm_web.api.auth import create_token
 
     with create_app(load_settings()).app_context():
-        click.echo(create_token(name, role or ("read-only" if read_only else "admin")))
+        click.echo(create_token(name, role or ("read-only" if read_only else "admin"), list(models) or None))
 
 
 @main.group()

@@ -108,6 +108,8 @@ def test_an_explicit_port_serves_again_at_once_and_stopped_services_are_not_heal
         assert running["healthy"] is True and running["port"] == port
         status, _took, answer = embed(fleet)
         assert status == 200 and len(answer["data"][0]["embedding"]) == 384
+        if round_ == 0:
+            _scoped_tokens_see_and_call_only_their_models(fleet)
         code, _ = fleet.api("DELETE", f"/services/{sid}")
         assert code == 202
         stopped = wait_for(lambda sid=sid: (s := fleet.get(f"/services/{sid}")[1])["status"] == "stopped" and s,
@@ -132,3 +134,15 @@ def test_a_node_refuses_remote_code_unless_its_own_configuration_allows_it(fleet
     assert "models.allow_remote_code" in task["error"]["message"]
     svc = fleet.get(f"/services/{answer['id']}")[1]
     assert svc["status"] == "failed" and not any(e["status"] == "running" for e in svc["instances"])
+
+
+def _scoped_tokens_see_and_call_only_their_models(fleet: Fleet) -> None:
+    from gswarm_web.api.auth import create_token
+
+    mine, other = create_token("app", "inference", ["minilm"]), create_token("app2", "inference", ["other"])
+    for tok, listed, status in ((mine, ["minilm"], 200), (other, [], 403)):
+        models = fleet.client.get("/v1/models", headers={"Authorization": f"Bearer {tok}"}).get_json()
+        assert [m["id"] for m in models["data"]] == listed
+        r = fleet.client.post("/v1/embeddings", json={"model": "minilm", "input": "hi"},
+                              headers={"Authorization": f"Bearer {tok}"})  # fmt: skip
+        assert r.status_code == status, r.get_json()
