@@ -37,14 +37,18 @@ class GswarmTask(Task):
         client = getattr(self.app.backend, "client", None)
         if client is None or self.request.is_eager:
             return
-        key = names.deliveries_key(task_id, self.request.retries or 0)
+        key, starts = names.deliveries_key(task_id, self.request.retries or 0), names.starts_key(task_id)
+        keep = int(self.app.conf.broker_transport_options.get("visibility_timeout", 3600)) * 4
         pipe = client.pipeline()
         pipe.incr(key)
-        pipe.expire(key, int(self.app.conf.broker_transport_options.get("visibility_timeout", 3600)) * 4)
+        pipe.expire(key, keep)
+        pipe.incr(starts)
+        pipe.expire(starts, keep)
         self.prefetch(pipe, args, kwargs)
         replies = pipe.execute()
         count = int(replies[0])
-        self.request.gswarm_prefetched = replies[2:]
+        self.request.gswarm_starts = int(replies[2])  # the attempt a step reports: a crash's redelivery counts
+        self.request.gswarm_prefetched = replies[4:]
         cap = int(self.app.conf.get("gswarm_max_redeliveries", defaults.RETRY_COUNT))
         if count > cap + 1:
             raise RedeliveryLimitExceeded(

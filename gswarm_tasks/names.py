@@ -91,6 +91,11 @@ AUTOSCALER_LOCK_KEY = "gswarm:lock:autoscaler"  # one autoscaler tick at a time 
 KEEP_S = 7 * 24 * 3600  # how long per-task keys live
 
 
+def starts_key(task_id: str) -> str:
+    """How many times a task started, over its retries and redeliveries (a crash's included): its attempt number."""
+    return f"gswarm:starts:{task_id}"
+
+
 def deliveries_key(task_id: str, attempt: int) -> str:
     return f"gswarm:deliveries:{task_id}:{attempt}"
 

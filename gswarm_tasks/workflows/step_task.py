@@ -234,13 +234,17 @@ def _redis_back(client: redis.Redis, within_s: float) -> bool:
 def _again(task: Task, client: redis.Redis, countdown: float) -> None:
     """Send this step again (same id, chain and retry count) without counting this delivery, and stop here."""
     if not getattr(task.request, "gswarm_inline", False):  # a step run inline was not counted as a delivery
-        client.decr(names.deliveries_key(str(task.request.id), int(task.request.retries or 0)))
+        pipe = client.pipeline(transaction=False)
+        pipe.decr(names.deliveries_key(str(task.request.id), int(task.request.retries or 0)))
+        pipe.decr(names.starts_key(str(task.request.id)))
+        pipe.execute()
     task.signature_from_request(countdown=countdown).apply_async()
     _stop_chain(task)
 
 
 def _step(self: Task, client: redis.Redis, spec: dict[str, Any]) -> dict[str, Any] | None:
-    attempt = int(self.request.retries or 0) + 1
+    # Its starts so far (retries, and redeliveries after a crash), counted with its delivery; inline: retries + 1.
+    attempt = int(getattr(self.request, "gswarm_starts", 0) or (self.request.retries or 0) + 1)
     spec, cancelled, done = _prologue(self, client, spec)
     if cancelled:
         emit(client, spec, "cancelled", reason="cancelled before it started")

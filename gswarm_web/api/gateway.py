@@ -177,12 +177,13 @@ def proxy(path: str) -> Response:
         try:
             resp = forward(target, path, raw, headers, stream)
         except urllib3.exceptions.HTTPError as exc:
-            failure = f"{target.url}: {type(exc).__name__}"
+            failure = f"replica {target.replica_id[:8]}: {type(exc).__name__}"  # its URL is not the caller's to know
         else:
             answer = _answer(resp, target, stream, t0, queue_s, len(tried) + 1)
             if answer is not None:
                 return answer
-            failure = f"{target.url}: HTTP {resp.status}" if resp.status >= 500 else f"{target.url}: no first byte"
+            replica = f"replica {target.replica_id[:8]}"
+            failure = f"{replica}: HTTP {resp.status}" if resp.status >= 500 else f"{replica}: no first byte"
         d.done(target, Outcome(0, time.monotonic() - t0, queue_s), failed=True)
         tried.add(target.replica_id)
     raise NetworkError(f"model {model!r}: no replica answered ({failure or 'none is running'})", {"model": model})

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
+from flask import request
 from flask.views import MethodView
 from flask_smorest import Blueprint
 from sqlalchemy import func, text
@@ -17,6 +18,7 @@ from gswarm_tasks import names
 from ..control.node_state import status_clause
 from ..extensions import db, redis_client, settings
 from ..tables import Node
+from .auth import identity_of
 
 blp = Blueprint("health", __name__, url_prefix="/api/v1", description="Health of the control plane")
 
@@ -24,19 +26,27 @@ CONTROL_ALIVE_S = 15.0
 NODE_STATUSES = ("healthy", "unhealthy", "offline")
 
 
-def _timed(fn: Any) -> dict[str, Any]:
+def _timed(fn: Any, detailed: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         fn()
         return {"ok": True, "latency_ms": round((time.perf_counter() - t0) * 1000, 2)}
-    except Exception as exc:
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    except Exception as exc:  # its text (hosts, URLs) only for a token holder; anyone may ask this endpoint
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300] if detailed else type(exc).__name__}
 
 
-def health_report() -> tuple[dict[str, Any], int]:
+def _token_holder() -> bool:
+    """Whether the caller sent a valid token (this endpoint answers without one, with less)."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and bool(token.strip()) and identity_of(token.strip()) is not None
+
+
+def health_report(detailed: bool = True) -> tuple[dict[str, Any], int]:
+    """The control plane's health; `detailed` (a token holder's view) adds the control workers' names and the
+    errors' text, the rest sees how many control workers answer."""
     s = settings()
-    database = _timed(lambda: db.session.execute(text("SELECT 1")))
-    broker = _timed(lambda: redis_client().ping())
+    database = _timed(lambda: db.session.execute(text("SELECT 1")), detailed)
+    broker = _timed(lambda: redis_client().ping(), detailed)
     control: list[str] = []
     if broker["ok"]:
         now = time.time()
@@ -69,7 +79,7 @@ def health_report() -> tuple[dict[str, Any], int]:
         "database": database,
         "broker": broker,
         "workers": {
-            "control": control,
+            "control": control if detailed else len(control),
             "nodes": {s: nodes.get(s, 0) for s in NODE_STATUSES},
         },
     }
@@ -81,6 +91,7 @@ class Health(MethodView):
     @blp.response(200)
     @blp.alt_response(503, description="The database or the broker cannot be reached")
     def get(self) -> Any:
-        """Health of database, broker, control workers and nodes"""
-        body, code = health_report()
+        """Health of database, broker, control workers and nodes (without a token: how many control workers, and
+        each error's kind without its text)"""
+        body, code = health_report(_token_holder())
         return body, code

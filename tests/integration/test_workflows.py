@@ -157,6 +157,7 @@ def test_sigkill_of_the_whole_worker_mid_step_then_success(fleet: Fleet) -> None
         if e["event"] == "started" and e["task_id"] == steps(body)["victim"]["task_id"]
     ]
     assert len(started) == 2
+    assert steps(body)["victim"]["attempts"] == 2  # the run the crash cut short counts
 
 
 def test_killed_pool_child_is_requeued_at_once(fleet: Fleet) -> None:

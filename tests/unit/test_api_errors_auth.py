@@ -164,3 +164,15 @@ def test_a_number_past_pythons_digit_bound_is_400_and_digits_in_strings_are_fine
 
     assert number_too_long(('{"n": ' + huge + "}").encode())
     assert not number_too_long(('{"n": "' + huge + '", "m": "a\\"' + huge + '"}').encode())  # text, not numbers
+
+
+def test_health_without_a_token_names_no_worker_and_no_error_text(
+    app: Flask, client: FlaskClient, admin_token: str
+) -> None:
+    anonymous = client.get("/api/v1/health")
+    assert anonymous.status_code == 503  # the broker of this app (127.0.0.1:1) does not answer
+    body = anonymous.json
+    assert body["broker"] == {"ok": False, "error": "ConnectionError"} and body["workers"]["control"] == 0
+    detailed = client.get("/api/v1/health", headers=bearer(admin_token)).json
+    assert detailed["broker"]["error"].startswith("ConnectionError: ") and "127.0.0.1" in detailed["broker"]["error"]
+    assert detailed["workers"]["control"] == []
