@@ -243,8 +243,9 @@ def _again(task: Task, client: redis.Redis, countdown: float) -> None:
 
 
 def _step(self: Task, client: redis.Redis, spec: dict[str, Any]) -> dict[str, Any] | None:
-    # Its starts so far (retries, and redeliveries after a crash), counted with its delivery; inline: retries + 1.
-    attempt = int(getattr(self.request, "gswarm_starts", 0) or (self.request.retries or 0) + 1)
+    # Its starts through the broker so far (retries, and redeliveries after a crash), counted with its delivery; at
+    # least its retries + 1 (a first run inline, in the message before it, was counted by no delivery).
+    attempt = max(int(getattr(self.request, "gswarm_starts", 0) or 0), int(self.request.retries or 0) + 1)
     spec, cancelled, done = _prologue(self, client, spec)
     if cancelled:
         emit(client, spec, "cancelled", reason="cancelled before it started")
