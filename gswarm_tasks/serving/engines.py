@@ -30,6 +30,15 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$")
 _PLACEHOLDERS = {"python", "path", "host", "port", "model"}
 
 
+GENERATIVE_TYPES = frozenset({"llm", "chat", "causal-lm", "text-generation", "completion", "completions"})
+
+
+def default_route(model_type: str | None) -> str:
+    """The route an inference that names no endpoint calls, from its model's registered type: completions for a
+    language model (text in, text out: the next model can read it), embeddings for every other."""
+    return "/v1/completions" if (model_type or "").strip().lower() in GENERATIVE_TYPES else "/v1/embeddings"
+
+
 @dataclass(frozen=True)
 class Param:
     """A documented parameter a request may set: its flag on the engine's command line and its allowed values."""

