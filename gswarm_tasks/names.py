@@ -70,6 +70,7 @@ PROFILER_SESSIONS_KEY = "gswarm:profiler:sessions"  # hash: session -> what its 
 METRICS_LATEST_KEY = "gswarm:metrics:latest"  # hash: node -> its newest frame
 METRICS_SEEN_KEY = "gswarm:metrics:latest:seen"
 SERVICE_LAST_REQUEST_KEY = "gswarm:services:last-request"  # hash: service -> time of its last gateway request
+ENGINE_METRICS_KEY = "gswarm:serve:engine-metrics"  # hash: replica -> {at, node, text}: its engine's last /metrics
 SWEEP_ASKED_KEY = "gswarm:services:sweep-asked"  # set (with a short expiry) while a gateway's sweep is asked for
 # Pub/sub: every change of a node, task, workflow step, service or profiler session, as JSON, published by the
 # process that committed it (the control worker as it applies reports, the web app for what a request changed);

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -39,6 +40,19 @@ def parse_size(value: Any) -> int:
     if binary and prefix:
         mult = 1024 ** ("kmgtp".index(prefix) + 1)
     return int(float(m.group(1)) * mult)
+
+
+def parse_engine_paths(value: Any) -> dict[str, str]:
+    """`serving.engine_paths`: preset -> a directory (JSON in GSWARM_SERVE_ENGINE_PATHS)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError as exc:
+            raise ValueError(f"not a JSON mapping: {exc}") from None
+    pairs = value.items() if isinstance(value, dict) else []
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in pairs):
+        raise ValueError("a mapping of preset name -> directory (whose bin/ holds the engine's programs)")
+    return {k: str(Path(v).expanduser()) for k, v in value.items()}
 
 
 def parse_bool(value: Any) -> bool:
@@ -391,6 +405,15 @@ OPTIONS: tuple[Option, ...] = (
         "routes); JSON in the environment",
     ),
     Option(
+        "serve_engine_paths",
+        "GSWARM_SERVE_ENGINE_PATHS",
+        "serving.engine_paths",
+        parse_engine_paths,
+        "Where this node's engines live: preset -> a directory whose bin/ holds the engine's programs (a virtual "
+        'environment, an unpacked package), e.g. {"vllm": "/opt/vllm", "llama.cpp": "/opt/llama.cpp"}; an engine '
+        "not named here is looked for on the PATH; JSON in the environment",
+    ),
+    Option(
         "serve_command",
         "GSWARM_SERVE_COMMAND",
         "serving.command",
@@ -626,6 +649,7 @@ class Settings:
     serve_check_interval_s: float = 10.0
     serve_cpu_threads: int = 1
     serve_engines: dict[str, Any] = field(default_factory=dict)
+    serve_engine_paths: dict[str, str] = field(default_factory=dict)
     serve_command: None = None
     serve_cold_start_waiters: int = 16
     api_body_timeout_s: float = 10.0

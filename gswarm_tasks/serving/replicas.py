@@ -22,7 +22,10 @@ import requests
 
 from ..devices import safe_name
 from ..errors import TaskFailed
+from .engines import KEY_HEADER
 from .warm_start import WarmStarter
+
+MAX_METRICS = 1 << 20
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +197,7 @@ class ServiceRegistry:
             if alive:
                 path = entry.get("health_path", "/health")
                 healthy, message = check_health(entry["url"], timeout=5.0, pid=int(entry["pid"]), path=path)
+            metrics = self.scrape(entry) if healthy and entry.get("metrics_path") else None
             item = {
                 "service_id": entry["service_id"],
                 "pid": entry.get("pid"),
@@ -203,8 +207,21 @@ class ServiceRegistry:
                 "message": message,
                 "checked_at": time.time(),
             }
+            if metrics is not None:
+                item["metrics"] = metrics  # the node keeps it in Redis; it is not part of the report
             results.append(item)
         return results
+
+    def scrape(self, entry: dict[str, Any]) -> str | None:
+        """The engine's own Prometheus metrics (its `metrics_path`, with the service's key), at most MAX_METRICS."""
+        key = (self.key_file(entry["service_id"]).read_text().strip() if self.key_file(entry["service_id"]).exists()
+               else None)  # fmt: skip
+        headers = {KEY_HEADER: key, "Authorization": f"Bearer {key}"} if key else {}
+        try:
+            r = requests.get(f"{entry['url']}{entry['metrics_path']}", headers=headers, timeout=3.0)
+        except requests.RequestException:
+            return None
+        return r.text[:MAX_METRICS] if r.status_code == 200 else None
 
 
 def created(pid: int) -> float | None:

@@ -23,8 +23,9 @@ from ..ports import port_free
 from ..reporting import Reporter
 from ..settings import Settings
 from ..storage import read_manifest
-from .engines import AUTO, choose, model_kind, presets, resolve_auto
+from .engines import AUTO, choose, presets
 from .keys import forget_key, publish_key, read_key
+from .kinds import model_kind, resolve_auto
 from .launch import installed, launch, prewarm
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,9 @@ def op_serve(
             raise NotFound(f"{model} has no copy on {node.name}'s disk or dram", {"model": model})
         model_dir = node.tiers.model_dir(use_tier, model)
         if engine == AUTO:
-            engine = resolve_auto(model_kind(model_dir), dev.is_gpu, lambda e: e in offered and installed(offered[e]))
+            paths = settings.serve_engine_paths
+            engine = resolve_auto(model_kind(model_dir), dev.is_gpu,
+                                  lambda e: e in offered and installed(offered[e], paths))  # fmt: skip
         rep.set_phase("starting")
         entry = launch(node, settings, service_id, (model, model_dir, dev, port), offered[engine], params,
                        trust_remote_code, gpus)  # fmt: skip
@@ -87,6 +90,7 @@ def op_stop(node: NodeContext, service_id: str | None, model: str | None = None,
         entry, key = node.services.get(sid), read_key(node.services.key_file(sid))
         was_running = node.services.stop(sid)
         forget_key(rep.client, (entry or {}).get("url"), key)
+        rep.client.hdel(names.ENGINE_METRICS_KEY, sid)  # its engine's metrics end with it
         port = entry.get("port") if entry else None
         return {
             "service_id": sid,

@@ -158,6 +158,9 @@ def proxy(path: str) -> Response:
     if scope is not None and model not in scope:
         raise Forbidden(f"model: this token may not call {model!r} (it may call: {', '.join(scope) or 'none'})",
                         {"field": "model", "models": list(scope)})  # fmt: skip
+    real = directory().real_name(model)
+    if real != model:  # an alias: the engine knows its model by its own name
+        raw, model = json.dumps({**json.loads(raw), "model": real}).encode(), real
     d, t0 = directory(), time.monotonic()
     if d.serves(model, path) is False:
         raise NotFound(f"{path}: not served by the engines of {model!r}", {"field": "model", "path": path})
@@ -210,7 +213,7 @@ def _answer(resp: Any, target: Target, stream: bool, t0: float, queue_s: float, 
     return Response(resp.data, status=resp.status, headers=out)
 
 
-FAST_PATHS = frozenset({"/v1/embeddings", "/v1/completions", "/v1/chat/completions"})
+FAST_PATHS = frozenset({"/v1/embeddings", "/v1/completions", "/v1/chat/completions", "/v1/rerank", "/v1/score"})
 GATEWAY_ROLES = frozenset({"admin", "inference"})
 FAST_MAX_BYTES = 1 << 20
 
@@ -263,6 +266,9 @@ class FastPath:
             ident = identity_of(token.strip()) if self.app.config.get("GSWARM_AUTH", True) else Identity("admin", "-")
             if ident is None or ident.role not in GATEWAY_ROLES or not ident.may_call(model):
                 return None  # the view answers it (401, 403) in the API's shape
+            real = d.real_name(model)
+            if real != model:  # an alias: the engine knows its model by its own name
+                raw, model = json.dumps({**body, "model": real}).encode(), real
             target = d.pick(model, set(), path=path)
         if target is None:
             return None
@@ -332,3 +338,19 @@ class ChatCompletions(MethodView):
     def post(self) -> Response:
         """Chat completions from a replica of `model` (`stream: true` passes the events through)"""
         return proxy("/v1/chat/completions")
+
+
+@blp.route("/rerank")
+class Rerank(MethodView):
+    @blp.doc(requestBody=BODY, responses=ANSWER)
+    def post(self) -> Response:
+        """Documents ranked against a query by a replica of `model`, for engines that serve it (vLLM)"""
+        return proxy("/v1/rerank")
+
+
+@blp.route("/score")
+class Score(MethodView):
+    @blp.doc(requestBody=BODY, responses=ANSWER)
+    def post(self) -> Response:
+        """Similarity scores of text pairs from a replica of `model`, for engines that serve it (vLLM)"""
+        return proxy("/v1/score")

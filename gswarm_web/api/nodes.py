@@ -67,6 +67,11 @@ class NodeSchema(ma.Schema):
     frames_dropped = ma.fields.Integer(
         metadata={"description": "profiler frames the node lost to a bound while Redis was unreachable"}
     )
+    engines = ma.fields.Dict(
+        allow_none=True,
+        metadata={"description": "the serving engines it can run: preset -> {version, program, distribution}"},
+    )
+    allow_remote_code = ma.fields.Boolean(allow_none=True, metadata={"description": "its models.allow_remote_code"})
     declared = ma.fields.Method(
         "get_declared", metadata={"description": "what config.yaml's `nodes:` says of it (address, capabilities)"}
     )
@@ -115,6 +120,7 @@ def listed_nodes(rows: list[Any], gpus: dict[str, list[Any]], declared: list[dic
             "dram_total_bytes": _opt(int, r.dram_total_bytes),
             "dram_available_bytes": _opt(int, r.dram_available_bytes),
             "storage": r.storage, "file_port": _opt(int, r.file_port), "frames_dropped": _opt(int, r.frames_dropped),
+            "engines": r.engines, "allow_remote_code": r.allow_remote_code,
             "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name,
                       "memory_total_bytes": _opt(int, g.memory_total_bytes)} for g in gpus.get(r.name, ())],
             "declared": declaration(declared, r.name),

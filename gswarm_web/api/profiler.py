@@ -14,6 +14,7 @@ from gswarm_tasks import names
 from gswarm_tasks.errors import Conflict, InvalidRequest, NotFound
 
 from ..control import session_import
+from ..control.engine_metrics import engine_text
 from ..control.metrics import MetricsCache, latest_json
 from ..control.recovery import recoverable, resume_archive
 from ..control.serve_stats import prometheus_text as serving_text
@@ -241,7 +242,7 @@ def _prometheus() -> Response:
     client = redis_client()  # the fleet's GPUs and hosts, then what the gateway measured (serve_stats)
     cache: MetricsCache = current_app.extensions.setdefault("gswarm.metrics", MetricsCache())  # this app's frames
     frames = cache.text(lambda: client.hgetall(names.METRICS_LATEST_KEY))  # type: ignore[arg-type,return-value]
-    return Response(frames + serving_text(client), content_type=CONTENT_TYPE)
+    return Response(frames + serving_text(client) + engine_text(client), content_type=CONTENT_TYPE)
 
 
 @blp.route("/metrics")

@@ -154,6 +154,19 @@ class ServiceCreateSchema(ma.Schema):
 
 class ServiceUpdateSchema(ma.Schema):
     replicas = ma.fields.Integer(validate=ma.validate.Range(min=0, max=64))
+    engine = ma.fields.String(
+        metadata={"description": "another serving preset: a rolling update (new replicas first, then the old drain)"}
+    )
+    config = ma.fields.Dict(
+        metadata={"description": "the preset's parameters and the service's own keys, whole: other parameters are a "
+                  "rolling update; aliases, timeout, load_balancing and max_in_flight apply at once"}
+    )  # fmt: skip
+
+    @ma.validates("config")
+    def _no_command(self, value: Any, **_: Any) -> None:
+        if isinstance(value, dict) and "command" in value:
+            raise ma.ValidationError("commands are configured on the node (serving.engines), never in a request")
+
     idle_timeout_s = ma.fields.Float(allow_none=True, validate=ma.validate.Range(min=1, max=30 * 86400))
     autoscaling = ma.fields.Dict(allow_none=True, metadata={**AUTOSCALING, "description": AUTOSCALING["description"]
                                                             + "; null turns it off"})  # fmt: skip

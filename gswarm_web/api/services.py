@@ -10,17 +10,17 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from gswarm_tasks.devices import Auto, Device, parse_target, validate_node_name
-from gswarm_tasks.errors import InvalidRequest, NetworkError
+from gswarm_tasks.errors import Conflict, InvalidRequest, NetworkError
 from gswarm_tasks.serving.engines import choose, presets
 
 from ..control import autoscaler, placement, reconciler, service_state, targets
 from ..control.devices import named, node_by_address
 from ..control.dispatch import require_node, send_recorded
 from ..control.model_state import get_model, require_gpu
-from ..control.routing import SERVICE_KEYS, split_config
+from ..control.routing import SERVICE_KEYS, engine_config, split_config
 from ..control.service_state import get_service
 from ..extensions import db, settings
-from ..tables import Replica, Service, TaskRecord
+from ..tables import Node, Replica, Service, TaskRecord
 from .pagination import page_of
 from .queue import TaskSchema
 from .service_schemas import (
@@ -63,13 +63,33 @@ def _settings_of(args: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, A
     return engine, {**params, **kept}, args
 
 
+def _update_serving(svc: Service, args: dict[str, Any]) -> None:
+    """A new engine or config, checked as a new service's would be; a new generation is brought up now."""
+    config = args["config"] if "config" in args else {k: v for k, v in (svc.config or {}).items() if k != "nodes"}
+    asked = {"config": config, "engine": args.get("engine", svc.backend)}
+    engine, params, _ = _settings_of(asked)
+    service_state.check_aliases(svc.model, params.get("aliases") or [], svc.id)
+    if not service_state.is_auto(svc) and (engine != svc.backend or engine_config(params) != engine_config(svc.config)):
+        raise Conflict(
+            "engine: a service pinned to one device has one replica, so it cannot be updated without a gap; serve "
+            "it with device auto (or `nodes`) to update it in place, or stop it and serve it again",
+            {"field": "engine", "service_id": svc.id},
+        )
+    for rep in service_state.live_replicas(svc):
+        node = db.session.get(Node, rep.node)
+        if node is not None and "nodes" in (svc.config or {}):  # pinned to nodes: each must run the new engine
+            placement.require_engine(node, engine)
+    if service_state.update_serving(svc, engine, params):
+        reconciler.fill(svc)
+
+
 def _options(args: dict[str, Any]) -> dict[str, Any]:
     return {k: args.get(k) for k in ("idle_timeout_s", "cold_start_timeout_s")}
 
 
 def _pinned(model: Any, dev: Device, args: dict[str, Any], engine: str, params: dict) -> tuple[Service, TaskRecord]:
     dev = dev.expect("device", gpu=True, cpu=True)
-    require_node(str(dev.node), "device")
+    placement.require_engine(require_node(str(dev.node), "device"), engine)
     if dev.is_gpu:
         require_gpu(dev, "device")
     for key in ("replicas", "autoscaling"):
@@ -101,7 +121,7 @@ def _auto(model: Any, target: Auto, args: dict[str, Any], engine: str, params: d
     svc = service_state.create(model, str(target), replicas, port, engine, config=params, **_options(args))
     svc.autoscaling = args.get("autoscaling")
     if replicas == 0:  # autoscaled from zero: placement is asked now, so a model that fits nowhere is refused
-        placement.choose(model, "serve", target, placement.current_load(model))
+        placement.choose(model, "serve", target, placement.current_load(model), engine=engine)
         service_state.refresh(svc)
         return svc, None
     first = reconciler.place_replica(svc)[1]  # nothing fits: the request is refused and nothing is written
@@ -132,7 +152,7 @@ def _on_nodes(model: Any, args: dict[str, Any], engine: str, params: dict) -> tu
         node = validate_node_name(node_by_address(text, f"nodes[{i}]"), f"nodes[{i}]")
         if node in nodes:
             raise InvalidRequest(f"nodes[{i}]: {node} is named twice", {"field": f"nodes[{i}]"})
-        require_node(node, f"nodes[{i}]")
+        placement.require_engine(require_node(node, f"nodes[{i}]"), engine)
         if args.get("port") is not None and service_state.port_taken(node, args["port"]):
             raise InvalidRequest(f"port: {args['port']} is taken by another service on {node}", {"field": "port"})
         nodes.append(node)
@@ -173,6 +193,7 @@ class Services(MethodView):
         room, or one replica on each of `nodes` (the decision is in each instance's `placement`)"""
         model = get_model(args["model_name"])
         engine, params, args = _settings_of(targets.resolve(args, "device"))
+        service_state.check_aliases(model, params.get("aliases") or [])
         if "nodes" in args:
             svc, rec = _on_nodes(model, args, engine, params)
         else:
@@ -200,10 +221,13 @@ class ServiceById(MethodView):
     @blp.response(200, ServiceSchema)
     def patch(self, args: dict[str, Any], service_id: str) -> Service:
         """Change a service's replica count (an auto service; recorded as a scaling event), its autoscaling policy
-        (null: off) or its idle timeout"""
+        (null: off), its idle timeout, or its engine and config: another preset or other parameters are a rolling
+        update (the new replicas start beside the serving ones, then those drain: no request fails)"""
         svc = get_service(service_id)
         if svc.status in ("stopping", "stopped"):
             raise InvalidRequest(f"service {service_id} is {svc.status}", {"status": svc.status})
+        if "engine" in args or "config" in args:
+            _update_serving(svc, args)
         autoscaler.update(svc, args)
         if "idle_timeout_s" in args:
             svc.idle_timeout_s = args["idle_timeout_s"]

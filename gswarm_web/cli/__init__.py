@@ -107,7 +107,7 @@ def seen_text(age: Any) -> str:
 
 
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:
-    table = Table("node", "status", "address", "GPUs", "CPU", "DRAM", "disk free", "last seen")
+    table = Table("node", "status", "address", "GPUs", "CPU", "DRAM", "disk free", "engines", "last seen")
     for n in nodes:
         disk = (n.get("storage") or {}).get("disk") or {}
         style = STATUS_STYLE.get(n["status"], "")
@@ -119,9 +119,18 @@ def nodes_table(nodes: list[dict[str, Any]]) -> Table:
             f"{n.get('cpu_count') or '-'} ({n.get('cpu_percent') or 0:.0f}%)",
             human_bytes(n.get("dram_total_bytes")),
             human_bytes(disk.get("free_bytes")),
+            engines_text(n.get("engines")),
             seen_text(n.get("seconds_since_seen")),
         )
     return table
+
+
+def engines_text(engines: Any) -> str:
+    """`builtin, vllm 0.32.0, llama.cpp 0.7.0`: what a node can serve with, each with its version."""
+    if not isinstance(engines, dict):
+        return "-"
+    return ", ".join(f"{name} {info.get('version')}".strip() if info.get("version") else name
+                     for name, info in sorted(engines.items())) or "none"  # fmt: skip
 
 
 @main.command()

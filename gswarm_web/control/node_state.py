@@ -168,6 +168,17 @@ def _num(v: Any) -> int | float | None:
     return v if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
+def _engines(value: Any) -> dict[str, Any] | None:
+    """A heartbeat's engines, kept only in their shape (preset -> {version, program, distribution}, short texts)."""
+    if not isinstance(value, dict):
+        return None
+    out = {}
+    for name, info in list(value.items())[:64]:
+        if isinstance(name, str) and len(name) <= 32 and isinstance(info, dict):
+            out[name] = {k: str(info[k])[:300] for k in ("version", "program", "distribution") if info.get(k)}
+    return out
+
+
 def apply_heartbeats(entries: list[tuple[Any, dict[Any, Any]]]) -> int:
     """Upsert one row per node from a batch of heartbeat stream entries; returns the nodes written."""
     latest = parse_heartbeats(entries)
@@ -205,6 +216,10 @@ def apply_heartbeats(entries: list[tuple[Any, dict[Any, Any]]]) -> int:
                 "gpu_fingerprint": fp,
                 "file_port": _num(data.get("file_port")),
                 "frames_dropped": int(_num(data.get("frames_dropped")) or 0),
+                "engines": _engines(data.get("engines")),
+                "allow_remote_code": data.get("allow_remote_code")
+                if isinstance(data.get("allow_remote_code"), bool)
+                else None,
                 "started_at": datetime.fromtimestamp(started, UTC) if started else None,
                 "first_seen": seen,
                 "last_seen": seen,

@@ -8,10 +8,11 @@ from typing import Any
 
 from gswarm_tasks.devices import Auto, Device
 from gswarm_tasks.errors import InvalidRequest, ResourceUnavailable
+from gswarm_tasks.serving.engines import AUTO
 
 from ..extensions import db, settings
 from ..scheduling.placement import Load, decide
-from ..tables import Model, Replica, TaskRecord
+from ..tables import Model, Node, Replica, TaskRecord
 from .dispatch import ACTIVE
 from .fleet import current_view
 
@@ -59,6 +60,7 @@ def choose(
     on_node: str | None = None,
     among: list[str] | None = None,
     share: int = 1,
+    engine: str | None = None,
 ) -> dict[str, Any]:
     """The placement decision for an `auto` target of `action` (serve, load, download, copy, move, data), among
     every node, only `on_node` (a GPU is loaded from a copy on its own node), or `among` those a service is pinned
@@ -81,6 +83,8 @@ def choose(
     if among is not None:
         allowed = set(among) - load.spread_from
         view = {**view, "nodes": [n for n in view["nodes"] if n["name"] in allowed]}
+    if engine is not None and engine != AUTO:
+        view = {**view, "nodes": running_engine(view["nodes"], engine)}
     return decide(
         view,
         model.name if model is not None else None,
@@ -88,6 +92,35 @@ def choose(
         kind if ACTIONS[action] != "store" else (kind or "disk"),
         need,
         load,
+    )
+
+
+def engines_of(names: list[str]) -> dict[str, dict[str, Any] | None]:
+    """The serving engines each node said it runs (None: it has not said)."""
+    return dict(db.session.execute(db.select(Node.name, Node.engines).where(Node.name.in_(names))).tuples())
+
+
+def running_engine(nodes: list[dict[str, Any]], engine: str) -> list[dict[str, Any]]:
+    """Those of `nodes` that run `engine` (or have not said what they run); none: 409 naming the engine."""
+    said = engines_of([n["name"] for n in nodes])
+    able = [n for n in nodes if said.get(n["name"]) is None or engine in (said[n["name"]] or {})]
+    if nodes and not able:
+        raise ResourceUnavailable(
+            f"engine: no node runs {engine!r} ({', '.join(sorted(said))} do not: `gswarm nodes` shows what each runs)",
+            {"field": "engine", "engine": engine},
+        )
+    return able
+
+
+def require_engine(node: Node, engine: str, field: str = "engine") -> None:
+    """A request for `engine` on `node` is refused at once (409 naming both) when the node said it cannot run it."""
+    if engine == AUTO or node.engines is None or engine in node.engines:
+        return
+    runs = ", ".join(sorted(node.engines)) or "none"
+    raise ResourceUnavailable(
+        f"{field}: node {node.name} cannot run engine {engine!r} (it runs: {runs}); install it there "
+        "(serving.engine_paths) or choose another",
+        {"field": field, "engine": engine, "node": node.name, "engines": sorted(node.engines)},
     )
 
 

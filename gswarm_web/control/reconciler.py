@@ -75,7 +75,8 @@ def place_replica(svc: Service, exclude: set[str] | None = None) -> tuple[Replic
         spread = {r.node for r in service_state.live_replicas(svc)}
         load = current_load(svc.model, spread)
         load.exclude = set(exclude or ())
-        decision = choose(svc.model, "serve", target, load, among=(svc.config or {}).get("nodes"), share=tp)
+        decision = choose(svc.model, "serve", target, load, among=(svc.config or {}).get("nodes"), share=tp,
+                          engine=svc.backend)  # fmt: skip
         if tp > 1 and Device.parse(decision["chosen"]).is_gpu:
             decision = tensor_parallel(decision, svc.model, tp, load)
     else:  # a pinned service woken after an idle unload: its own device
@@ -126,7 +127,7 @@ def fill(svc: Service) -> list[TaskRecord]:
     """Bring an auto service to its replica count (recorded; sent after the caller commits): the newest and
     not-yet-serving replicas go first, a serving one is drained."""
     tasks: list[TaskRecord] = []
-    live_ = service_state.live_replicas(svc)
+    live_ = service_state.current(svc)  # an earlier generation's replicas serve on until this one is up
     for rep in sorted(live_, key=lambda r: (r.status == "running", r.created_at), reverse=True)[svc.replicas :]:
         if rep.status in ("running", "unhealthy"):
             tasks += start_drain(svc, rep)
@@ -142,7 +143,27 @@ def fill(svc: Service) -> list[TaskRecord]:
             svc.status_message = exc.message
             log.warning("service %s (%s): %s", svc.id, svc.model.name, exc.message)
             break
+    tasks += _retire(svc)
     service_state.refresh(svc)
+    return tasks
+
+
+def _retire(svc: Service) -> list[TaskRecord]:
+    """A rolling update's last step: once the current generation has its replica count running, the earlier
+    generation's replicas drain (no new request; each stops when its requests are answered)."""
+    old = service_state.superseded(svc)
+    up = sum(r.status == "running" for r in service_state.current(svc))
+    if not old or up < max(1, svc.replicas):
+        return []
+    tasks: list[TaskRecord] = []
+    for rep in old:
+        if rep.status in ("running", "unhealthy"):
+            tasks += start_drain(svc, rep)
+        elif rep.status in ("pending", "placing"):
+            rep.status, rep.stopped_at, rep.status_message = "stopped", now(), "replaced by a rolling update"
+        else:
+            tasks.append(service_state.stop_replica(rep, "replaced by a rolling update"))
+    svc.status_message = None
     return tasks
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+import re
 import socket
 import threading
 import time
@@ -45,7 +46,9 @@ REUSE_S = 4.0  # a connection idle longer is not reused: engines close idle ones
 LOAD_BALANCING = ("least_requests", "round_robin")
 # A service's `config` keys that are the service's own (the original's), not its serving preset's parameters;
 # `nodes` is kept there too (the nodes a service is pinned to) and never sent to a node.
-SERVICE_KEYS = ("port", "replicas", "load_balancing", "timeout", "max_in_flight", "nodes")
+SERVICE_KEYS = ("port", "replicas", "load_balancing", "timeout", "max_in_flight", "nodes", "aliases")
+LIVE_SERVICE = ("stopping", "stopped", "failed")  # the statuses of a service that answers no more (not_in: live)
+ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$")
 
 
 def split_config(config: dict[str, Any], field_: str = "config") -> tuple[dict[str, Any], dict[str, Any]]:
@@ -62,6 +65,10 @@ def split_config(config: dict[str, Any], field_: str = "config") -> tuple[dict[s
         "load_balancing": (lambda v: v in LOAD_BALANCING, f"one of {', '.join(LOAD_BALANCING)}"),
         "timeout": (lambda v: _number(v) and 0 < v <= 3600, "seconds, more than 0 and at most 3600"),
         "max_in_flight": (lambda v: _int(v) and 1 <= v <= 100_000, "an integer from 1 to 100000"),
+        "aliases": (
+            lambda v: isinstance(v, list) and len(v) <= 16 and all(isinstance(a, str) and ALIAS_RE.match(a) for a in v),
+            "a list of at most 16 other names the service answers to (e.g. text-embedding-3-small)",
+        ),
     }
     for key, value in own.items():
         ok, what = checks[key]
@@ -171,6 +178,7 @@ class Directory:
         self.known_keys: dict[str, str] = {}
         self.redis: redis.Redis | None = None  # set at the first refresh (in an app context)
         self.redis_down_until = 0.0
+        self.aliases: dict[str, str] = {}  # another name a service answers to -> its model
 
     def refresh(self, force: bool = False) -> None:
         if not force and not self.stale and time.monotonic() < self.due:
@@ -199,6 +207,7 @@ class Directory:
                 Replica.status == "running", Replica.url.is_not(None), Node.last_seen >= fresh, Node.state != "stopped"
             )
         ).all()
+        aliases = self._read_aliases()
         db.session.rollback()  # a read: end the transaction (and give its connection back) before Redis
         keys = self.keys()
         offered = presets(s.serve_engines)
@@ -217,6 +226,7 @@ class Directory:
                                             int(config.get("max_in_flight") or 0)))  # fmt: skip
         with self.lock:
             self.by_model, self.limits, self.loaded_at, self.due = by_model, limits, read_at, due
+            self.aliases = aliases
             self.policy = {m: p.load_balancing for m, p in limits.items()}
             self.version, self.stale = version, False
 
@@ -237,12 +247,23 @@ class Directory:
         return self.known_keys
 
     def models(self) -> list[str]:
+        """Every name the gateway answers to: the served models and their services' aliases."""
         self.refresh()
-        served = set(self.by_model)
-        served |= set(db.session.scalars(
-            db.select(Model.name).join(Service).where(Service.status.not_in(("stopping", "stopped", "failed")))
-        ))  # fmt: skip
+        served = set(self.by_model) | set(self.aliases)
+        live = db.select(Model.name).join(Service).where(Service.status.not_in(LIVE_SERVICE))
+        served |= set(db.session.scalars(live))
         return sorted(served)
+
+    def real_name(self, name: str) -> str:
+        """The model a name means: itself, or the model of the service it is an alias of."""
+        self.refresh()
+        return self.aliases.get(name, name)
+
+    def _read_aliases(self) -> dict[str, str]:
+        rows = db.session.execute(
+            db.select(Model.name, Service.config).join(Service).where(Service.status.not_in(LIVE_SERVICE))
+        ).all()
+        return {alias: model for model, config in rows for alias in (config or {}).get("aliases") or ()}
 
     def serves(self, model: str, path: str) -> bool | None:
         """Whether the model's running replicas serve `path` (None: none is running to ask)."""

@@ -16,7 +16,7 @@ import redis
 
 from gswarm_tasks import names
 from gswarm_tasks.devices import Device
-from gswarm_tasks.errors import InvalidRequest, NotFound
+from gswarm_tasks.errors import Conflict, InvalidRequest, NotFound
 from gswarm_tasks.serving.engines import TP_PARAM
 
 from ..extensions import db, redis_client
@@ -103,9 +103,35 @@ def add_replica(
         status=status,
         placement=placement,
         created_at=now(),
+        generation=svc.generation or 0,
     )
     svc.members.append(rep)
     return rep
+
+
+def current(svc: Service) -> list[Replica]:
+    """The live replicas of the service's current generation (what its replica count counts)."""
+    return [r for r in svc.members if r.status in LIVE and (r.generation or 0) == (svc.generation or 0)]
+
+
+def superseded(svc: Service) -> list[Replica]:
+    """Live replicas of an earlier generation: they serve until the current one is up, then drain."""
+    return [r for r in svc.members if r.status in LIVE and (r.generation or 0) != (svc.generation or 0)]
+
+
+def update_serving(svc: Service, engine: str, config: dict[str, Any]) -> bool:
+    """PATCH /services/{id}'s `engine` and `config`: the service's own keys (aliases, timeout, load_balancing,
+    max_in_flight) apply at once; another preset or other parameters start a new generation, which the reconciler
+    brings up beside the serving one before it drains the old (a rolling update). True for a new generation."""
+    old_engine, old_params = svc.backend, engine_config(svc.config)
+    kept = {k: v for k, v in (svc.config or {}).items() if k == "nodes"}
+    svc.config = {**config, **kept}
+    svc.backend = engine
+    if engine == old_engine and engine_config(svc.config) == old_params:
+        return False
+    svc.generation = (svc.generation or 0) + 1
+    svc.status_message = f"rolling update to generation {svc.generation} ({engine}): its replicas start first"
+    return True
 
 
 def start_replica(svc: Service, rep: Replica, tier: str) -> TaskRecord:
@@ -248,6 +274,21 @@ def serve_step_ended(rec: TaskRecord, sent: bool) -> None:
     if not live_replicas(svc):
         svc.status, svc.status_message = "stopping", why
     refresh(svc)
+
+
+def check_aliases(model: Model, aliases: list[str], service_id: str | None = None) -> None:
+    """A service's other names must name nothing else: no registered model, no other live service's alias (409)."""
+    if not aliases:
+        return
+    taken = set(db.session.scalars(db.select(Model.name).where(Model.name.in_(aliases), Model.id != model.id)))
+    others = db.session.execute(
+        db.select(Service.id, Service.config).where(Service.status.not_in(ENDED), Service.id != (service_id or ""))
+    ).all()
+    taken |= {a for _sid, config in others for a in (config or {}).get("aliases") or () if a in aliases}
+    if taken:
+        name = sorted(taken)[0]
+        raise Conflict(f"config.aliases: {name!r} is already the name of a model or another service's alias",
+                       {"field": "config.aliases", "alias": name})  # fmt: skip
 
 
 def service_healthy(svc: Service) -> bool | None:

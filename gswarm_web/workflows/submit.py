@@ -22,6 +22,7 @@ from gswarm_tasks.storage import prefix as storage_prefix
 
 from ..control import service_state
 from ..control.dispatch import forget_recorded, peer_source
+from ..control.placement import require_engine
 from ..extensions import db, settings
 from ..tables import Model, Node, NodeGpu, TaskRecord, WorkflowRun
 from .actions import MODEL_ACTIONS
@@ -250,6 +251,9 @@ def _step_params(
     params.update(extra.pop("params", {}))
     dev = a.device("device")
     if a.type == "serve" and model_name in models and isinstance(dev, Device):
+        if str(dev.node) in nodes:  # a node that cannot run the engine is refused now, not when the step runs
+            engine = str((params.get("config") or {}).get("backend") or "builtin")
+            require_engine(nodes[str(dev.node)], engine, f"actions[{a.id}].config.backend")
         model = models[model_name]
         extra.update(service_id=_service_row(model, dev, params), trust_remote_code=model.trust_remote_code)
     src, dst = a.device("source_device"), a.device("target_device")

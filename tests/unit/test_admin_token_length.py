@@ -56,4 +56,4 @@ def test_a_short_admin_token_is_not_recorded(settings: Settings) -> None:
         assert exc.value.details["field"] == "token"
         assert identity_of(T31) is None
         ensure_token("long", T32, "admin")
-        assert identity_of(T32) == ("admin", "long")
+        assert identity_of(T32)[:2] == ("admin", "long")

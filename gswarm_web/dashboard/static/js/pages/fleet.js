@@ -203,6 +203,10 @@ export async function render(root, _args, signal) {
     card.disk.textContent = disk ? `disk ${fmtBytes(disk.used_bytes)} / ${fmtBytes(disk.total_bytes)}` : "disk —";
     const inDram = [...(state.placed.get(`${card.el.dataset.node}:dram`) || [])];
     card.dramModels.textContent = inDram.length ? `in DRAM: ${inDram.join(", ")}` : "";
+    // the serving engines it can run, with their versions (what `engine: auto` chooses among)
+    const engines = Object.entries(n.engines || {}).sort(([a], [b]) => a.localeCompare(b));
+    card.engines.textContent = engines.length
+      ? `engines: ${engines.map(([name, e]) => (e.version ? `${name} ${e.version}` : name)).join(", ")}` : "";
   }
 
   function updateNode(card, node, frame, now) {
@@ -262,7 +266,7 @@ function stat(label, value) {
 const NODE = document.createElement("template");
 NODE.innerHTML = `<section class="node"><div class="node-head"><span class="name"></span><span class="badge"></span>
 <span class="stat"></span><span class="stat"></span><span class="stat"></span><span class="stat"></span>
-<span class="muted"></span></div><div class="gpus"></div><div class="muted small">no GPU</div></section>`;
+<span class="muted"></span><span class="muted engines"></span></div><div class="gpus"></div><div class="muted small">no GPU</div></section>`;
 const TILE = document.createElement("template");
 TILE.innerHTML = `<div class="gpu"><div class="top"><span class="muted"></span><span class="util"></span></div>
 <div class="bar"><span></span></div><svg class="spark" viewBox="0 0 100 22" preserveAspectRatio="none"><polyline points="">
@@ -273,10 +277,10 @@ function nodeCard(name) {
   const el = NODE.content.firstElementChild.cloneNode(true);
   el.dataset.node = name;
   const [head, gpus, noGpu] = el.children;
-  const [nameEl, status, seen, cpu, dram, disk, dramModels] = head.children;
+  const [nameEl, status, seen, cpu, dram, disk, dramModels, engines] = head.children;
   nameEl.textContent = name;
   noGpu.hidden = true; // until its GPUs are drawn
-  return { el, status, seen, cpu, dram, disk, dramModels, gpus, noGpu, tiles: new Map(), last: {} };
+  return { el, status, seen, cpu, dram, disk, dramModels, engines, gpus, noGpu, tiles: new Map(), last: {} };
 }
 
 function gpuTile(key) {

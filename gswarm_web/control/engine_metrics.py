@@ -1,0 +1,88 @@
+"""The engines' own metrics (`vllm:*`, `llamacpp:*`, `sglang:*`) on gswarm's `/metrics`, as Prometheus federation
+would show them: every sample of every replica's last scrape, labelled with its `service`, `model` and `replica`.
+
+A node scrapes its replicas' metrics with their health checks (`serving/replicas.py`) and keeps the text in Redis;
+here each replica's text is parsed once per scrape (prometheus_client's parser) and written again with those
+labels; one HELP and TYPE per family over all replicas. A replica not scraped for STALE_S is left out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from gswarm_tasks import names
+
+from ..extensions import db
+from ..tables import Model, Replica, Service
+
+log = logging.getLogger(__name__)
+
+STALE_S = 60.0
+_parsed: dict[str, tuple[float, list[Any]]] = {}  # replica -> (scraped at, its families): parsed once per scrape
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _families(replica: str, at: float, text: str) -> list[Any]:
+    hit = _parsed.get(replica)
+    if hit is not None and hit[0] == at:
+        return hit[1]
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError) as exc:  # a broken scrape: left out, said once per scrape
+        log.warning("engine metrics of replica %s cannot be parsed: %s", replica, exc)
+        families = []
+    _parsed[replica] = (at, families)
+    return families
+
+
+def scrapes(client: redis.Redis) -> dict[str, dict[str, Any]]:
+    """The fresh scrapes by replica id: {"at", "text", "node"}."""
+    try:
+        raw: dict[bytes, bytes] = client.hgetall(names.ENGINE_METRICS_KEY)  # type: ignore[assignment]
+    except redis.RedisError:
+        return {}
+    now, out = time.time(), {}
+    for key, value in raw.items():
+        try:
+            doc = json.loads(value)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and now - float(doc.get("at") or 0) < STALE_S and isinstance(doc.get("text"), str):
+            out[key.decode()] = doc
+    return out
+
+
+def engine_text(client: redis.Redis) -> str:
+    """Every fresh replica's engine metrics with service, model and replica labels (Prometheus text format)."""
+    found = scrapes(client)
+    if not found:
+        return ""
+    rows = db.session.execute(
+        db.select(Replica.id, Replica.service_id, Model.name)
+        .join(Service, Replica.service_id == Service.id)
+        .join(Model, Service.model_id == Model.id)
+        .where(Replica.id.in_(list(found)))
+    ).all()
+    families: dict[str, tuple[str, str, list[str]]] = {}
+    for replica, service, model in rows:
+        doc = found[replica]
+        extra = {"service": service, "model": model, "replica": replica}
+        for fam in _families(replica, float(doc["at"]), doc["text"]):
+            kind, help_, lines = families.setdefault(fam.name, (fam.type, fam.documentation, []))
+            for sample in fam.samples:
+                labels = {**sample.labels, **extra}
+                text = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
+                lines.append(f"{sample.name}{{{text}}} {float(sample.value)!r}")
+    out = []
+    for name, (kind, help_, lines) in families.items():
+        out.append(f"# HELP {name} {_escape(help_)}\n# TYPE {name} {kind}\n" + "\n".join(lines) + "\n")
+    return "".join(out)
