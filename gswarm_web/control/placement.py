@@ -97,7 +97,8 @@ def choose(
 
 def engines_of(names: list[str]) -> dict[str, dict[str, Any] | None]:
     """The serving engines each node said it runs (None: it has not said)."""
-    return dict(db.session.execute(db.select(Node.name, Node.engines).where(Node.name.in_(names))).tuples())
+    rows = db.session.execute(db.select(Node.name, Node.engines).where(Node.name.in_(names))).all()
+    return {str(name): engines for name, engines in rows}
 
 
 def running_engine(nodes: list[dict[str, Any]], engine: str) -> list[dict[str, Any]]:

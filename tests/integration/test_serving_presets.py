@@ -81,20 +81,16 @@ def test_a_command_in_a_request_is_refused_and_nothing_runs(fleet: Fleet, tmp_pa
     assert not marker.exists()
 
 
-def test_framework_vllm_selects_the_vllm_preset_and_fails_naming_the_missing_program(fleet: Fleet) -> None:
-    code, svc = _serve(fleet, {"framework": "vllm", "max_model_len": 512})
-    assert code == 202, svc
-    assert svc["backend"] == "vllm" and svc["engine"] == "vllm" and svc["config"] == {"max_model_len": 512}
-    task = fleet.wait_task(svc["task_id"], 60)
-    assert task["status"] == "failed", task
-    replica = wait_for(
-        lambda: (i := fleet.get(f"/services/{svc['id']}")[1]["instances"][0])["status"] == "failed" and i,
-        30,
-        "the replica marked failed",
-    )
-    message = replica["status_message"]
-    assert "executable 'vllm'" in message and "vllm preset" in message and "not installed" in message, message
-    assert fleet.get(f"/services/{svc['id']}")[1]["status"] == "failed"
+def test_framework_vllm_on_a_node_without_vllm_is_refused_at_once(fleet: Fleet) -> None:
+    engines = wait_for(lambda: fleet.get("/nodes/node1")[1]["engines"], 60, "node1's engines")
+    assert "builtin" in engines and "vllm" not in engines  # this host has no vLLM
+    before = _counts()
+    code, body = _serve(fleet, {"framework": "vllm", "max_model_len": 512})
+    assert code == 409, body
+    details = body["error"]["details"]
+    assert (details["field"], details["engine"], details["node"]) == ("engine", "vllm", "node1"), details
+    assert "cannot run engine 'vllm'" in body["error"]["message"]
+    assert _counts() == before  # refused when asked: no service left to fail later, nothing sent to the node
 
 
 def _environ(pid: int) -> dict[str, str]:
