@@ -11,7 +11,7 @@ TORCH  ?= torch==2.13.0
 LOCK   := requirements.lock
 PIP    := $(BIN)/pip install -q -c $(LOCK)
 
-.PHONY: up install dev serve lock test test-unit test-integration test-engines engines test-cluster lint bench services clean
+.PHONY: up install dev serve lock test test-unit test-integration test-engines engines test-cluster lint bench services docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -117,6 +117,13 @@ bench: dev services
 	$(BIN)/python bench/gateway.py
 	$(BIN)/python bench/fleet.py
 	$(BIN)/python bench/autoscale.py
+
+# The docs site (mkdocs.yml, docs/): the reference pages written again from the code (settings, commands, workflow
+# actions, the REST API), then built into build/site, offline (no web fonts, no script from another host). --strict:
+# a broken link or anchor, a missing page or one left out of the nav fails.
+docs: $(VENV)/.dev
+	$(BIN)/python scripts/docs_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

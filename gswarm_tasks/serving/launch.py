@@ -70,7 +70,8 @@ def missing_program(preset: Engine, argv: list[str], env: dict[str, str]) -> str
     exe = shutil.which(argv[0], path=env.get("PATH"))
     if exe is None:
         return f"executable {argv[0]!r} of the {preset.name} preset is not installed on this node (PATH={env['PATH']})"
-    if len(argv) > 2 and argv[1] == "-m" and preset.name != "builtin":
+    python_module = preset.argv[0] == "{python}" or Path(argv[0]).name.startswith("python")
+    if python_module and len(argv) > 2 and argv[1] == "-m" and preset.name != "builtin":  # llama-server -m: a file
         probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)"
         try:
             found = subprocess.run([exe, "-c", probe, argv[2]], env=env, capture_output=True, timeout=60)

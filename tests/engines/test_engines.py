@@ -109,7 +109,9 @@ def _tree(pid: int) -> list[psutil.Process]:
 
 
 def metrics(fleet: Fleet) -> str:
-    return str(requests.get(f"{fleet.base_url}/metrics", timeout=10).text)  # type: ignore[attr-defined]
+    r = requests.get(f"{fleet.base_url}/metrics", headers=fleet.auth(), timeout=10)  # type: ignore[attr-defined]
+    assert r.status_code == 200, r.text
+    return str(r.text)
 
 
 def metrics_with(fleet: Fleet, part: str) -> str | None:

@@ -29,7 +29,18 @@ from tests.integration.procs import Proc, wait_for
 pytestmark = pytest.mark.serial  # see pyproject.toml: runs alone after the parallel part
 
 CHROMIUM = "/usr/bin/chromium"
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "images" / "dashboard"
+# The screenshots the docs use (docs/guides/dashboard.md): the artifact each test writes -> its name under DOCS.
+DOCS_SCREENSHOTS = {
+    "fleet.png": "fleet.png",
+    "workflow.png": "workflow.png",
+    "workflow-failed.png": "workflow-failed.png",
+    "models-actions.png": "models.png",
+    "profiler-session.png": "profiler.png",
+    "page-queue.png": "queue.png",
+    "page-scheduling.png": "scheduling.png",
+    "page-data.png": "data.png",
+}
 PAGES = ("fleet", "models", "workflows", "queue", "profiler", "scheduling", "data")
 
 OK_WORKFLOW = """name: dash-ok
@@ -607,13 +618,16 @@ def test_fleet_of_200_nodes_with_8_gpus_paints_fast_and_keeps_up(admin: Any, fle
         db.session.commit()
 
 
-def test_copy_two_screenshots_for_the_readme(artifacts: Path) -> None:
-    """With GSWARM_UPDATE_DOCS=1, the fleet and a workflow's pages go to docs/ for the README."""
+def test_screenshots_for_the_docs(artifacts: Path) -> None:
+    """With GSWARM_UPDATE_DOCS=1, the pages the tests above took go to docs/images/dashboard/, where the docs' dashboard
+    guide shows them; otherwise they must be there."""
     if os.environ.get("GSWARM_UPDATE_DOCS") != "1":
-        assert (DOCS / "dashboard-fleet.png").is_file() and (DOCS / "dashboard-workflow.png").is_file()
+        missing = [name for name in DOCS_SCREENSHOTS.values() if not (DOCS / name).is_file()]
+        assert missing == [], f"{missing}: run `GSWARM_UPDATE_DOCS=1 pytest tests/integration/test_dashboard.py`"
         return
-    shutil.copy(artifacts / "fleet.png", DOCS / "dashboard-fleet.png")
-    shutil.copy(artifacts / "workflow.png", DOCS / "dashboard-workflow.png")
+    DOCS.mkdir(parents=True, exist_ok=True)
+    for taken, name in DOCS_SCREENSHOTS.items():
+        shutil.copy(artifacts / taken, DOCS / name)
 
 
 def test_a_steps_status_change_reaches_the_page_through_the_event_stream(browser: Any, fleet: Fleet) -> None:

@@ -273,3 +273,15 @@ def test_flags_follow_the_model_and_engines_are_found_in_their_own_directories(t
     assert python_for("vllm", paths) == sys.executable
     builtin = probe(DEFAULTS["builtin"], {})
     assert builtin is not None and builtin["distribution"] == "sentence-transformers"
+
+
+def test_llama_servers_dash_m_is_its_model_file_not_a_python_module(tmp_path: Path) -> None:
+    server = tmp_path / "bin" / "llama-server"
+    server.parent.mkdir()
+    server.write_text("#!/bin/sh\nexit 0\n")
+    server.chmod(0o755)
+    env = {**server_env(cpu=True), "PATH": str(server.parent)}
+    assert missing_program(DEFAULTS["llama.cpp"], argv("llama.cpp"), env) is None
+    from gswarm_tasks.serving.launch import installed
+
+    assert installed(DEFAULTS["llama.cpp"], {"llama.cpp": str(tmp_path)})
