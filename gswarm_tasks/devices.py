@@ -84,11 +84,6 @@ class Device:
         return self.node is not None and self.tier in FILE_TIERS and self.index is None
 
     @property
-    def is_compute(self) -> bool:
-        """A node's `gpuN` or `cpu`: where a model can be served."""
-        return self.node is not None and (self.is_gpu or self.tier == "cpu") and self.index is None
-
-    @property
     def compute_device(self) -> str:
         """The name torch gives it: `cuda:N` or `cpu`."""
         return f"cuda:{self.gpu_index}" if self.is_gpu else "cpu"

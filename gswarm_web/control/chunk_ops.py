@@ -11,7 +11,6 @@ import binascii
 import hashlib
 import json
 import uuid
-from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,14 +21,11 @@ from gswarm_tasks.errors import Conflict, InvalidRequest, NotFound, ResourceUnav
 
 from ..extensions import db, redis_client, settings
 from ..tables import ChunkLocation, ChunkRef, DataChunk, TaskRecord
+from ..tables import utcnow as now
 from .chunk_state import delete_copy, expected_of, holders, source_of, usable_locations
 from .devices import by_address
 from .dispatch import ACTIVE, record, require_node, send_recorded
 from .placement import choose
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 def data_target(text: str, field: str = "device") -> tuple[Device, dict[str, Any] | None]:

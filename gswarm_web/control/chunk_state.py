@@ -7,7 +7,6 @@ step) reports the verified copy in place, and removed when a node reports the co
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 from typing import Any, cast
 
 from sqlalchemy import func, inspect, or_
@@ -20,6 +19,7 @@ from gswarm_tasks.storage import prefix as storage_prefix
 
 from ..extensions import db, settings
 from ..tables import ChunkLocation, ChunkRef, DataChunk, Node, TaskRecord, WorkflowRun
+from ..tables import utcnow as now
 from .dispatch import peer_source, record
 from .locking import lock
 from .node_state import node_status
@@ -28,10 +28,6 @@ log = logging.getLogger(__name__)
 
 DATA_KINDS = ("data_create", "data_move", "data_transfer", "data_delete")
 TIER_PREFERENCE = {"dram": 0, "disk": 1}
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 def live_refs() -> Any:

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from gswarm_tasks import names
@@ -23,6 +23,7 @@ from gswarm_tasks.transfer.tokens import sign_token, transfer_secret
 
 from ..extensions import db, redis_client, sender, settings
 from ..tables import Node, TaskRecord
+from ..tables import utcnow as now
 from .node_state import node_status
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,6 @@ log = logging.getLogger(__name__)
 ACTIVE = ("queued", "running")
 TERMINAL = ("succeeded", "failed", "cancelled")
 _OUTBOX = "gswarm_outbox"
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 def require_node(name: str, field: str) -> Node:

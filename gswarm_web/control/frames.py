@@ -4,7 +4,6 @@ of every session durably (`archiver.py`), and sessions read their windows from t
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -125,9 +124,3 @@ def frames_consumer(redis_url: str, consumer: str | None = None, app: Flask | No
     if app is not None:
         archiver = Archiver(app, redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5))
     return FramesConsumer(client, consumer or f"frames-{os.getpid()}", archiver=archiver)
-
-
-def latest_frames(client: redis.Redis) -> dict[str, dict[str, Any]]:
-    """Each node's newest frame."""
-    raw: Any = client.hgetall(names.METRICS_LATEST_KEY)
-    return {k.decode(): json.loads(v) for k, v in raw.items()}

@@ -8,7 +8,6 @@ copy is on an offline node, reads `unavailable`.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, not_, or_
@@ -19,6 +18,7 @@ from gswarm_tasks.errors import Conflict, InvalidRequest, ModelNotFound, Network
 
 from ..extensions import db, settings
 from ..tables import Model, ModelLocation, Node, TaskRecord
+from ..tables import utcnow as now
 from .dispatch import ACTIVE, dispatch, record
 from .locking import lock
 from .node_state import status_clause
@@ -27,10 +27,6 @@ MODEL_KINDS = ("download", "copy", "move", "delete", "register")
 PHASE_STATUS = {"downloading", "copying", "moving", "verifying", "deleting", "starting"}
 STATUSES = ("registered", "queued", "downloading", "copying", "moving", "verifying", "ready", "unavailable", "failed")
 LOST = "its last copy was removed"
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 def get_model(name: str, field: str = "model_name") -> Model:

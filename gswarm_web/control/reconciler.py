@@ -8,7 +8,7 @@ every few seconds, whenever the gateway asks, and the autoscaler's ticks (`contr
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from gswarm_tasks import names
@@ -19,6 +19,7 @@ from gswarm_tasks.storage import prefix as storage_prefix
 
 from ..extensions import db, redis_client, settings
 from ..tables import ModelLocation, Node, Replica, Service, TaskRecord
+from ..tables import utcnow as now
 from . import live, service_state
 from .dispatch import peer_source, record
 from .node_state import node_status
@@ -29,10 +30,6 @@ log = logging.getLogger(__name__)
 
 RETRY_NODE_AFTER_S = 60.0  # a node where a replica just failed is avoided this long
 DRAIN_MIN_S = 1.0  # a web process that routes without Redis re-reads the replicas within a second
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 def _node_status(names_: set[str]) -> dict[str, str]:

@@ -9,7 +9,6 @@ device was named) is reported as it is, dead or alive.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -21,6 +20,7 @@ from gswarm_tasks.serving.engines import TP_PARAM
 
 from ..extensions import db, redis_client
 from ..tables import Model, Replica, Service, TaskRecord
+from ..tables import utcnow as now
 from . import live
 from .dispatch import record
 from .report import Report
@@ -32,10 +32,6 @@ REPLICA_STATES = ("pending", "placing", "starting", "running", "unhealthy", "dra
 LIVE = ("pending", "placing", "starting", "running", "unhealthy")  # a replica that serves, or will
 # `draining`: scaled down, it takes no new request and stops once its requests are answered (not counted as live)
 ENDED = ("stopping", "stopped", "failed", "lost")
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 def is_auto(svc: Service) -> bool:

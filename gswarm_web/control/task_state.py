@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.orm import defer
@@ -15,6 +14,7 @@ from gswarm_tasks.errors import InvalidRequest, TaskFailed
 
 from ..extensions import db, redis_client, sender
 from ..tables import TaskRecord
+from ..tables import utcnow as now
 from . import chunk_state, model_state, reconciler, service_state
 from .dispatch import ACTIVE, TERMINAL
 from .report import Report
@@ -23,10 +23,6 @@ log = logging.getLogger(__name__)
 
 DATA_KINDS = ("data_create", "data_move", "data_transfer", "data_delete")
 SERVICE_KINDS = ("serve", "stop_serve")
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 def record_result(rec: TaskRecord, data: dict[str, Any]) -> None:

@@ -116,10 +116,3 @@ class Errors:
 
 def is_auto(value: Any) -> bool:
     return isinstance(value, str) and (value == AUTO or value.startswith(AUTO + ":"))
-
-
-def check_int(errors: Errors, where: str, value: Any, lo: int, hi: int) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        errors.add(where, f"must be an integer from {lo} to {hi}")
-        return None
-    return value

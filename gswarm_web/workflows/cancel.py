@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import UTC, datetime
 from typing import Any
 
 from gswarm_tasks import names
@@ -15,15 +14,12 @@ from ..control import service_state
 from ..control.dispatch import send_recorded
 from ..extensions import db, redis_client, sender
 from ..tables import TaskRecord, WorkflowRun
+from ..tables import utcnow as now
 from .dispatcher import advance, send
 
 log = logging.getLogger(__name__)
 
 LIVE = ("pending", "queued", "running")
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 def _revoke(task_ids: list[str]) -> None:

@@ -10,23 +10,21 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import defaultdict
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from gswarm_tasks import names
 from gswarm_tasks.celery_app import priority_value
+from gswarm_tasks.errors import DependencyFailed
 
 from ..control import service_state
 from ..extensions import db, redis_client, sender
 from ..tables import TaskRecord, WorkflowRun
+from ..tables import utcnow as now
 
 TERMINAL = ("succeeded", "failed", "cancelled", "skipped")
 BAD = ("failed", "cancelled", "skipped")
 Sends = list[tuple[str, list[Any]]]
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 def _spec(run_id: str, step: Any) -> dict[str, Any]:
@@ -79,8 +77,11 @@ def advance(run: WorkflowRun, steps: dict[str, Any]) -> Sends:
         changed = False
         for s in steps.values():
             # A queued step behind a failed one in its chain never runs either: Celery stops the chain.
-            if s.state in ("pending", "queued") and any(by_step[d].state in BAD for d in s.depends_on or []):
+            bad = next((d for d in s.depends_on or [] if by_step[d].state in BAD), None)
+            if s.state in ("pending", "queued") and bad is not None:
                 s.state, s.finished_at = "skipped", now()
+                why = f"not run: {bad}, which it depends on, {by_step[bad].state}"
+                s.error = DependencyFailed(why, {"dependency": bad, "status": by_step[bad].state}).to_dict()
                 if s.kind == "serve":
                     service_state.serve_step_ended(s, sent=False)
                 changed = True

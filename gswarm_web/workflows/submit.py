@@ -10,7 +10,6 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from gswarm_tasks import names
@@ -25,6 +24,7 @@ from ..control.dispatch import forget_recorded, peer_source
 from ..control.placement import require_engine
 from ..extensions import db, settings
 from ..tables import Model, Node, NodeGpu, TaskRecord, WorkflowRun
+from ..tables import utcnow as now
 from .actions import MODEL_ACTIONS
 from .compiler import segments, step_device, step_queue
 from .data import prepare_data
@@ -33,10 +33,6 @@ from .document import Action, Workflow
 from .placing import place_workflow
 from .spec import validate
 from .urls import allowed_origins, chosen_origins, fleet_node_hosts
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass

@@ -39,7 +39,6 @@ DOCS_SCREENSHOTS = {
     "profiler-session.png": "profiler.png",
     "page-queue.png": "queue.png",
     "page-scheduling.png": "scheduling.png",
-    "page-data.png": "data.png",
 }
 PAGES = ("fleet", "models", "workflows", "queue", "profiler", "scheduling", "data")
 

@@ -69,6 +69,8 @@ def test_a_skipped_serve_step_ends_its_service_and_the_gateway_answers_at_once(f
     assert code == 503 and took < 2.0 and "serve step" in body["error"]["message"], (code, took, body)
     steps = finished(fleet, wf)
     assert steps["broken"]["status"] == "failed" and steps["serve"]["status"] == "skipped"
+    assert steps["serve"]["error"]["code"] == "DEPENDENCY_FAILED"  # and which dependency did not succeed
+    assert steps["serve"]["error"]["details"] == {"dependency": "broken", "status": "failed"}
     assert not live(fleet)
     (svc,) = [s for s in services(fleet) if s["status"] in ("stopping", "stopped")]
     assert "skipped" in svc["status_message"] and svc["healthy"] is None
