@@ -135,6 +135,8 @@ class Aiperf:
                                     start_new_session=True)  # fmt: skip
             try:
                 rc = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                rc = 124  # what it measured is lost; the run counts as unfinished
             finally:
                 stop_group(proc)
         self.runs += 1
@@ -144,7 +146,7 @@ class Aiperf:
         a = self.args
         out = self.out_dir / tag
         argv = self.argv(url, key, model, endpoint, concurrency, out)
-        argv += ["--warmup-request-count", str(max(4, 2 * concurrency))]
+        argv += ["--warmup-request-count", str(max(4, concurrency))]
         if a.requests:
             argv += ["--request-count", str(max(a.requests, concurrency))]
         else:
@@ -348,6 +350,8 @@ def compare(fleet: Fleet, gateway: str, ap: Aiperf, case: Case, args: argparse.N
 def brief(res: dict[str, Any]) -> dict[str, Any]:
     out = {k: (round(res[k], 2) if isinstance(res[k], float) else res[k]) for k in ("p50_ms", "p99_ms", "rps", "ok")}
     out["failed"] = res["failed"]
+    if res["rc"] != 0:
+        out["rc"] = res["rc"]
     if res["errors"]:
         out["errors"] = res["errors"]
     if res.get("log_tail"):
@@ -430,7 +434,7 @@ def load_step(fleet: Fleet, gateway: str, ap: Aiperf, args: argparse.Namespace) 
 def rows(summary: dict[str, Any]) -> list[Row]:
     out: list[Row] = []
     for key in ("vllm", "llamacpp"):
-        if key not in summary:
+        if key not in summary or "error" in summary[key]:
             continue
         case, doc = CASES[key], summary[key]
         for c, rounds in doc["levels"].items():
@@ -444,11 +448,15 @@ def rows(summary: dict[str, Any]) -> list[Row]:
         failed = sum(run["failed"] for run in runs)
         out.append(Row(f"{case.title} failed requests (every run, both paths)", [failed], "requests", "= 0",
                        lambda m: m == 0))  # fmt: skip
+        unfinished = sum(1 for run in runs if run.get("rc"))
+        if unfinished:
+            out.append(Row(f"{case.title} aiperf runs that did not finish", [unfinished], "runs", "= 0",
+                           lambda m: m == 0))  # fmt: skip
     for key in ("vllm", "llamacpp"):
-        if key in summary:
+        if key in summary and "error" not in summary[key]:
             out.append(Row(f"{CASES[key].title}: POST /services to the first answer through the gateway",
                            [summary[key]["first_answer_s"]], "s", "info", None))  # fmt: skip
-    if "step" in summary:
+    if "step" in summary and "error" not in summary["step"]:
         st = summary["step"]
         out.append(Row("autoscaled vLLM: POST /services to the first answer through the gateway",
                        [st["first_answer_s"]], "s", "info", None))  # fmt: skip
@@ -519,11 +527,17 @@ def main() -> int:
         try:
             gateway = start_fleet(fleet)
             register(fleet, only)
-            for key in ("vllm", "llamacpp"):
-                if key in only:
-                    summary[key] = compare(fleet, gateway, aiperf, CASES[key], args)
-            if "step" in only:
-                summary["step"] = load_step(fleet, gateway, aiperf, args)
+            for key in ("vllm", "llamacpp", "step"):
+                if key not in only:
+                    continue
+                try:  # a case that fails leaves the others to run
+                    if key == "step":
+                        summary[key] = load_step(fleet, gateway, aiperf, args)
+                    else:
+                        summary[key] = compare(fleet, gateway, aiperf, CASES[key], args)
+                except Exception as exc:
+                    summary[key] = {"error": f"{type(exc).__name__}: {exc}"[:3000]}
+                    print(f"{key}: {summary[key]['error']}", flush=True)
         finally:
             fleet.close()
             shutil.rmtree(tmp, ignore_errors=True)
@@ -534,7 +548,11 @@ def main() -> int:
     print(json.dumps(summary, indent=2), flush=True)
     for row in rows(summary):
         print(row.line(), flush=True)
-    return 0
+    failed = [key for key in ("vllm", "llamacpp", "step") if "error" in summary.get(key, {})]
+    for key in failed:
+        title = CASES[key].title if key in CASES else "autoscaled vLLM 4x step"
+        print(f"MISS {title}: the case did not finish: {summary[key]['error'][:300]}", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

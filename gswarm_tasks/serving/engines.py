@@ -48,8 +48,13 @@ class Param:
     high: int = 1 << 20
     choices: tuple[str, ...] = ()
     fraction: bool = False  # a number above 0 and at most 1 (a share of GPU memory)
+    switch: bool = False  # true or false: the flag alone when true (`--enforce-eager`), nothing when false
 
     def check(self, where: str, value: Any) -> str:
+        if self.switch:
+            if not isinstance(value, bool):
+                raise InvalidRequest(f"{where}: true or false", {"field": where})
+            return ""
         if self.choices:
             if value not in self.choices:
                 raise InvalidRequest(f"{where}: one of {', '.join(self.choices)}", {"field": where})
@@ -91,7 +96,9 @@ class Engine:
         argv = [part.format(**values) for part in self.argv]
         for key, value in params.items():
             if key in self.params and value is not None:
-                argv += [self.params[key].flag, self.params[key].check(f"config.{key}", value)]
+                param = self.params[key]
+                text = param.check(f"config.{key}", value)
+                argv += ([param.flag] if value else []) if param.switch else [param.flag, text]
         return argv
 
 
@@ -142,6 +149,8 @@ DEFAULTS: dict[str, Engine] = {
         ),  # fmt: skip
         {
             "runner": Param("--runner", choices=("auto", "generate", "pooling")),
+            # no torch.compile or graphs: a start in a minute instead of several on a CPU, some speed given up
+            "enforce_eager": Param("--enforce-eager", switch=True),
             "tensor_parallel_size": _TP,
             "max_model_len": _LEN,
             "dtype": Param("--dtype", choices=_DTYPES),

@@ -140,7 +140,7 @@ def test_minilm_on_vllm_answers_as_sentence_transformers_does(fleet: Fleet) -> N
     from sentence_transformers import SentenceTransformer
 
     svc = serve(fleet, {"model_name": "minilm", "device": "node1:cpu", "engine": "vllm",
-                        "config": {"aliases": ["text-embedding-3-small"]}})  # fmt: skip
+                        "config": {"aliases": ["text-embedding-3-small"], "enforce_eager": True}})  # fmt: skip
     assert svc["instances"][0]["engine"] == "vllm"
     try:
         client = openai_client(fleet)
@@ -226,12 +226,16 @@ class Load:
 
 
 def test_a_rolling_update_under_load_fails_no_request(fleet: Fleet) -> None:
-    svc = serve(fleet, {"model_name": "minilm", "device": "auto:cpu", "engine": "vllm"})
+    svc = serve(
+        fleet, {"model_name": "minilm", "device": "auto:cpu", "engine": "vllm", "config": {"enforce_eager": True}}
+    )
     first = {r["id"] for r in svc["instances"] if r["status"] == "running"}
     try:
         with Load(fleet) as load:
             wait_for(lambda: load.ok > 5, 60, "the load to run")
-            code, body = fleet.api("PATCH", f"/services/{svc['id']}", json={"config": {"max_model_len": 256}})
+            code, body = fleet.api(
+                "PATCH", f"/services/{svc['id']}", json={"config": {"enforce_eager": True, "max_model_len": 256}}
+            )
             assert code == 200, body
 
             def replaced() -> dict[str, Any] | None:

@@ -285,3 +285,11 @@ def test_llama_servers_dash_m_is_its_model_file_not_a_python_module(tmp_path: Pa
     from gswarm_tasks.serving.launch import installed
 
     assert installed(DEFAULTS["llama.cpp"], {"llama.cpp": str(tmp_path)})
+
+
+def test_a_switch_parameter_is_its_flag_alone() -> None:
+    assert choose({"enforce_eager": True}, DEFAULTS, "vllm") == ("vllm", {"enforce_eager": True})
+    assert "--enforce-eager" in argv("vllm", {"enforce_eager": True})
+    assert "--enforce-eager" not in argv("vllm", {"enforce_eager": False})
+    with pytest.raises(InvalidRequest, match="config.enforce_eager: true or false"):
+        choose({"enforce_eager": "yes"}, DEFAULTS, "vllm")
