@@ -84,7 +84,7 @@ def control_window(fleet: Fleet, seconds: float) -> dict[str, float]:
 def scrape(base: str, token: str, times: int = 3) -> list[float]:
     """Seconds per `GET /metrics`, each read to its end; each past the web's frame interval after the one before, so
     that every scrape builds its body from new frames (none is answered from the cache of another)."""
-    from gswarm_web.control.metrics import FRAME_INTERVAL_S
+    from gswarm_web.control.sessions.prometheus import FRAME_INTERVAL_S
 
     out = []
     for _ in range(times):

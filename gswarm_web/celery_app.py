@@ -22,10 +22,14 @@ from gswarm_tasks.node import lifecycle  # noqa: F401  (a step that dies with it
 from gswarm_tasks.workflows import step_task  # noqa: F401
 
 from . import create_app
-from .control import chunk_collector, dispatch, node_state, reconciler, service_state, task_state
-from .control.autoscaler import AutoscalerLoop
-from .control.frames import frames_consumer
+from .control import dispatch, task_state
+from .control.data import collector as chunk_collector
 from .control.intake import Intake
+from .control.nodes import state as node_state
+from .control.serving import reconciler
+from .control.serving import state as service_state
+from .control.serving.autoscaler import AutoscalerLoop
+from .control.sessions.consumer import frames_consumer
 from .control.streams import StreamConsumer
 from .control.worker import ControlConsumers, ControlTask
 from .extensions import db

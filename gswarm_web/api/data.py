@@ -15,12 +15,12 @@ from gswarm_tasks.errors import InvalidRequest, NetworkError, ResourceUnavailabl
 from gswarm_tasks.storage import prefix as storage_prefix
 from gswarm_tasks.transfer.client import files_url
 
-from ..control import chunk_ops
-from ..control.chunk_state import get_chunk, source_of, touch, usable_locations
-from ..control.devices import by_address, node_by_address
+from ..control.data import ops as chunk_ops
+from ..control.data.state import get_chunk, source_of, touch, usable_locations
 from ..control.dispatch import read_token, require_node
+from ..control.nodes.devices import by_address, node_by_address
+from ..control.nodes.targets import resolve as resolve_tiers
 from ..control.queue_place import place
-from ..control.targets import resolve as resolve_tiers  # a bare tier: auto:<tier> (the batch has `targets`)
 from ..errors import ErrorSchema, error_response
 from ..extensions import db, settings
 from ..tables import ChunkLocation, DataChunk, TaskRecord

@@ -9,7 +9,7 @@ import marshmallow as ma
 from gswarm_tasks import names
 from gswarm_tasks.transfer.client import COMPRESSIONS
 
-from ..control.chunk_state import holders
+from ..control.data.state import holders
 from ..tables import DataChunk
 from .pagination import PageArgsSchema, PageSchema
 

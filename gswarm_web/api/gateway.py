@@ -27,9 +27,9 @@ from flask_smorest import Blueprint
 
 from gswarm_tasks.errors import Forbidden, InvalidRequest, ModelNotFound, NetworkError, NotFound, ResourceUnavailable
 
-from ..control import cold_start, live
-from ..control.routing import Target, directory, forward
-from ..control.serve_stats import Outcome
+from ..control.serving import cold_start, live
+from ..control.serving.stats import Outcome
+from ..control.serving.table import Target, directory, forward
 from ..errors import REQUEST_ID_RE, error_response, request_id
 from .auth import Identity, identity_of
 

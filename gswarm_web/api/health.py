@@ -15,7 +15,7 @@ from sqlalchemy import func, text
 
 from gswarm_tasks import names
 
-from ..control.node_state import status_clause
+from ..control.nodes.state import status_clause
 from ..extensions import db, redis_client, settings
 from ..tables import Node
 from .auth import identity_of

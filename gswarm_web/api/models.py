@@ -15,10 +15,13 @@ from gswarm_tasks.errors import Conflict
 from gswarm_tasks.models.sources import parse_source
 from gswarm_tasks.transfer.client import COMPRESSIONS
 
-from ..control import model_ops, model_state, service_state, targets
-from ..control.devices import by_address, node_by_address
 from ..control.dispatch import send_recorded
-from ..control.model_state import STATUSES, get_model, locked_model, offline_nodes, refuse_busy, status_is, status_of
+from ..control.models import ops as model_ops
+from ..control.models import state as model_state
+from ..control.models.state import STATUSES, get_model, locked_model, offline_nodes, refuse_busy, status_is, status_of
+from ..control.nodes import targets
+from ..control.nodes.devices import by_address, node_by_address
+from ..control.serving import state as service_state
 from ..extensions import db, settings
 from ..tables import Model, ModelLocation, Replica, Service, TaskRecord
 from .pagination import PageArgsSchema, PageSchema, page_of

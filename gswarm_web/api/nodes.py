@@ -15,7 +15,7 @@ from sqlalchemy.orm import defer
 from gswarm_tasks.devices import validate_node_name
 from gswarm_tasks.errors import NotFound
 
-from ..control.node_state import (
+from ..control.nodes.state import (
     LISTED_STATUSES,
     MISSING,
     DeclaredNode,

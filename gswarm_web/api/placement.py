@@ -11,8 +11,8 @@ from flask_smorest import Blueprint
 from gswarm_tasks.devices import AUTO_KINDS, Auto
 from gswarm_tasks.errors import InvalidRequest
 
-from ..control.model_state import find_model, get_model
-from ..control.placement import ACTIONS, choose
+from ..control.models.state import find_model, get_model
+from ..control.nodes.placement import ACTIONS, choose
 
 blp = Blueprint("placement", __name__, url_prefix="/api/v1", description="Placement decisions, explained")
 

@@ -13,12 +13,12 @@ from sqlalchemy.exc import IntegrityError
 from gswarm_tasks import names
 from gswarm_tasks.errors import Conflict, InvalidRequest, NotFound
 
-from ..control import session_import
-from ..control.engine_metrics import engine_text
-from ..control.metrics import MetricsCache, latest_json
-from ..control.recovery import recoverable, resume_archive
-from ..control.serve_stats import prometheus_text as serving_text
-from ..control.session_state import (
+from ..control.serving.engine_metrics import engine_text
+from ..control.serving.stats import prometheus_text as serving_text
+from ..control.sessions import imports as session_import
+from ..control.sessions.prometheus import MetricsCache, latest_json
+from ..control.sessions.recovery import recoverable, resume_archive
+from ..control.sessions.state import (
     Window,
     document,
     export_page,

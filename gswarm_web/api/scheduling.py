@@ -8,7 +8,7 @@ import marshmallow as ma
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
-from ..control.fleet import current_view
+from ..control.nodes.fleet import current_view
 from ..scheduling import MODES, PUBLIC_POLICIES, simulate_payload, validate_payload
 from .offload import offload
 

@@ -7,9 +7,10 @@ from typing import Any
 
 import marshmallow as ma
 
-from ..control import autoscaler, service_state
-from ..control.routing import LOAD_BALANCING
-from ..control.service_state import REPLICA_STATES, SERVICE_STATES, service_healthy
+from ..control.serving import autoscaler
+from ..control.serving import state as service_state
+from ..control.serving.state import REPLICA_STATES, SERVICE_STATES, service_healthy
+from ..control.serving.table import LOAD_BALANCING
 from ..tables import Replica, Service
 from .pagination import PageArgsSchema, PageSchema
 

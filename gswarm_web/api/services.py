@@ -13,12 +13,14 @@ from gswarm_tasks.devices import Auto, Device, parse_target, validate_node_name
 from gswarm_tasks.errors import Conflict, InvalidRequest, NetworkError
 from gswarm_tasks.serving.engines import choose, presets
 
-from ..control import autoscaler, placement, reconciler, service_state, targets
-from ..control.devices import named, node_by_address
 from ..control.dispatch import require_node, send_recorded
-from ..control.model_state import get_model, require_gpu
-from ..control.routing import SERVICE_KEYS, engine_config, split_config
-from ..control.service_state import get_service
+from ..control.models.state import get_model, require_gpu
+from ..control.nodes import placement, targets
+from ..control.nodes.devices import named, node_by_address
+from ..control.serving import autoscaler, reconciler
+from ..control.serving import state as service_state
+from ..control.serving.state import get_service
+from ..control.serving.table import SERVICE_KEYS, engine_config, split_config
 from ..extensions import db, settings
 from ..tables import Node, Replica, Service, TaskRecord
 from .pagination import page_of

@@ -24,7 +24,7 @@ from gswarm_tasks.transfer.tokens import sign_token, transfer_secret
 from ..extensions import db, redis_client, sender, settings
 from ..tables import Node, TaskRecord
 from ..tables import utcnow as now
-from .node_state import node_status
+from .nodes.state import node_status
 
 log = logging.getLogger(__name__)
 

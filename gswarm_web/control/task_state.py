@@ -15,9 +15,12 @@ from gswarm_tasks.errors import InvalidRequest, TaskFailed
 from ..extensions import db, redis_client, sender
 from ..tables import TaskRecord
 from ..tables import utcnow as now
-from . import chunk_state, model_state, reconciler, service_state
+from .data import state as chunk_state
 from .dispatch import ACTIVE, TERMINAL
+from .models import state as model_state
 from .report import Report
+from .serving import reconciler
+from .serving import state as service_state
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from typing import Any
 from gswarm_tasks import names
 from gswarm_tasks.errors import Conflict, InvalidRequest
 
-from ..control import service_state
 from ..control.dispatch import send_recorded
+from ..control.serving import state as service_state
 from ..extensions import db, redis_client, sender
 from ..tables import TaskRecord, WorkflowRun
 from ..tables import utcnow as now

@@ -15,7 +15,7 @@ from typing import Any
 from gswarm_tasks.data.sources import parse_data_source
 from gswarm_tasks.errors import InvalidRequest, NotFound
 
-from ..control.chunk_state import hold, location_view, usable_locations
+from ..control.data.state import hold, location_view, usable_locations
 from ..extensions import db, settings
 from ..tables import DataChunk, Model, Replica, Service, WorkflowRun
 from .actions import CHUNK_FIELDS

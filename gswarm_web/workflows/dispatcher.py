@@ -17,7 +17,7 @@ from gswarm_tasks import names
 from gswarm_tasks.celery_app import priority_value
 from gswarm_tasks.errors import DependencyFailed
 
-from ..control import service_state
+from ..control.serving import state as service_state
 from ..extensions import db, redis_client, sender
 from ..tables import TaskRecord, WorkflowRun
 from ..tables import utcnow as now

@@ -14,8 +14,10 @@ from typing import Any
 
 from sqlalchemy.orm import defer
 
-from ..control import chunk_state, service_state, task_state
+from ..control import task_state
+from ..control.data import state as chunk_state
 from ..control.report import Report
+from ..control.serving import state as service_state
 from ..extensions import db
 from ..tables import TaskRecord, WorkflowRun
 from .actions import DATA_ACTIONS, MODEL_ACTIONS

@@ -15,8 +15,8 @@ from typing import Any
 from gswarm_tasks.devices import Auto, Device
 from gswarm_tasks.errors import GswarmError, InvalidRequest
 
-from ..control.fleet import current_view
-from ..control.placement import choose, current_load, need_bytes
+from ..control.nodes.fleet import current_view
+from ..control.nodes.placement import choose, current_load, need_bytes
 from ..extensions import db
 from ..scheduling.placement import Load
 from ..tables import ChunkLocation, Model, ModelLocation

@@ -19,9 +19,9 @@ from gswarm_tasks.models.sources import parse_source
 from gswarm_tasks.serving.engines import default_route
 from gswarm_tasks.storage import prefix as storage_prefix
 
-from ..control import service_state
 from ..control.dispatch import forget_recorded, peer_source
-from ..control.placement import require_engine
+from ..control.nodes.placement import require_engine
+from ..control.serving import state as service_state
 from ..extensions import db, settings
 from ..tables import Model, Node, NodeGpu, TaskRecord, WorkflowRun
 from ..tables import utcnow as now

@@ -16,7 +16,7 @@ from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import GswarmError, InvalidRequest
 from gswarm_tasks.urls import Allow, Url, parse_url, service_ref
 
-from ..control.service_state import LIVE
+from ..control.serving.state import LIVE
 from ..extensions import db, settings
 from ..tables import Node, Replica
 from .actions import Errors

@@ -159,7 +159,7 @@ def test_counts_return_to_zero_after_a_keep_alive_burst_over_reused_connections(
 
 
 def test_a_killed_web_process_leaves_no_count_behind(gateway: dict[str, Any]) -> None:
-    from gswarm_web.control import live
+    from gswarm_web.control.serving import live
 
     client_, rid = gateway["redis"], gateway["rid"]
     failed: list[str] = []

@@ -9,8 +9,8 @@ import time
 import redis
 
 from gswarm_tasks import names
-from gswarm_web.control import live
-from gswarm_web.control.serve_stats import Outcome, stats_key
+from gswarm_web.control.serving import live
+from gswarm_web.control.serving.stats import Outcome, stats_key
 
 X, Y = "rx", "ry"
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from gswarm_tasks.serving.engines import KEY_HEADER
-from gswarm_web.control import routing
-from gswarm_web.control.routing import replica_http
+from gswarm_web.control.serving import table as routing
+from gswarm_web.control.serving.table import replica_http
 from tests.integration.test_model_server import KEY, Server, gt_minilm, tiny_lm
 
 pytestmark = pytest.mark.serial  # waits on an idle timeout of the server's

@@ -61,7 +61,7 @@ def dashboard_queries() -> list[str]:
 def exported(app: Flask, client: FlaskClient, admin_token: str) -> dict[str, Any]:
     """The families /metrics answers with a served model (two replicas, an autoscaling policy, a scaling decision)
     and one node's frame with a GPU."""
-    from gswarm_web.control.serve_stats import stats_key
+    from gswarm_web.control.serving.stats import stats_key
     from gswarm_web.extensions import db
     from gswarm_web.tables import Model, Replica, ScalingEvent, Service
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gswarm_web.control.metrics import MetricsCache, prometheus_text
+from gswarm_web.control.sessions.prometheus import MetricsCache, prometheus_text
 from tests.integration.procs import wait_for
 
 
@@ -76,7 +76,7 @@ def test_a_new_frame_shows_after_the_interval_and_unchanged_nodes_are_kept() -> 
 
 
 def test_latest_body_is_every_frame_with_its_age() -> None:
-    from gswarm_web.control.metrics import latest_json
+    from gswarm_web.control.sessions.prometheus import latest_json
 
     raw = {b"n2": frame("n2", 4, 1.0) + b"\n", b"n1": frame("n1", 3, 2.0)}
     raw[b"odd"] = json.dumps({"time": time.time() - 2, "age_s": 99}).encode()  # a key of the answer's own

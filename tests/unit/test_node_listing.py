@@ -11,7 +11,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from gswarm_web.api.nodes import NodeSchema
-from gswarm_web.control.node_state import apply_heartbeats
+from gswarm_web.control.nodes.state import apply_heartbeats
 from gswarm_web.extensions import db
 from gswarm_web.tables import Node
 from tests.conftest import bearer

@@ -16,7 +16,8 @@ from gswarm_web.cli import main
 from gswarm_web.cli.gsmodel import main as gsmodel
 from gswarm_web.cli.join import broker_of
 from gswarm_web.cli.local import claim_run, device_arg, local_node, record_node, release_run, running
-from gswarm_web.control.targets import ends, resolve
+from gswarm_web.cli.up import free_port
+from gswarm_web.control.nodes.targets import ends, resolve
 from tests.conftest import make_settings
 
 
@@ -180,18 +181,20 @@ def test_the_cli_finds_the_api_of_the_gswarm_running_under_its_home(tmp_path: Pa
     home.mkdir(parents=True)
     env = {"GSWARM_HOME": str(home), "GSWARM_CONFIG": ""}
     assert ApiClient.from_settings(s).base_url == "http://127.0.0.1:8091"  # nothing runs: the defaults
-    claim_run(home, "host start")  # as `host start --http-port 18555 --port 18554 --host 0.0.0.0` records itself
-    update_run(home, api="http://0.0.0.0:18555", broker="redis://:***@0.0.0.0:18554/0")
+    api_port, broker = free_port(), free_port()  # nothing listens there: the CLI's calls fail naming the URL
+    claim_run(home, "host start")  # as `host start --http-port P --port B --host 0.0.0.0` records itself
+    update_run(home, api=f"http://0.0.0.0:{api_port}", broker=f"redis://:***@0.0.0.0:{broker}/0")
     try:
-        assert ApiClient.from_settings(s).base_url == "http://127.0.0.1:18555"
+        assert ApiClient.from_settings(s).base_url == f"http://127.0.0.1:{api_port}"
         named = settings_here(tmp_path, GSWARM_API_URL="http://elsewhere:1")
         assert ApiClient.from_settings(named).base_url == "http://elsewhere:1"  # an explicit URL wins
         r = CliRunner().invoke(main, ["nodes"], env=env)
-        assert r.exit_code == 1 and "http://127.0.0.1:18555" in r.output, r.output
+        assert r.exit_code == 1 and f"http://127.0.0.1:{api_port}" in r.output, r.output
         # gsprof's HOST:PORT: the broker port (the original's gRPC port) names the API beside it; any other the API
+        other = free_port()
         for address, api in (
-            ("127.0.0.1:18554", "http://127.0.0.1:18555"),
-            ("127.0.0.1:18999", "http://127.0.0.1:18999"),
+            (f"127.0.0.1:{broker}", f"http://127.0.0.1:{api_port}"),
+            (f"127.0.0.1:{other}", f"http://127.0.0.1:{other}"),
             ("127.0.0.1", "http://127.0.0.1:8091"),
             ("127.0.0.1:8090", "http://127.0.0.1:8091"),
         ):

@@ -116,7 +116,7 @@ def test_declared_nodes_are_missing_until_they_join(tmp_path: Path) -> None:
     app = build_app(settings)
     with app.app_context():
         from gswarm_web.api.auth import create_token
-        from gswarm_web.control.node_state import apply_heartbeats
+        from gswarm_web.control.nodes.state import apply_heartbeats
         from gswarm_web.extensions import db
 
         auth = bearer(create_token("t", "read-only"))

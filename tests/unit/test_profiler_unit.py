@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gswarm_tasks import names
 from gswarm_tasks.profiling.nvml import FakeGpuSource
 from gswarm_tasks.profiling.sampler import Sampler
-from gswarm_web.control.metrics import prometheus_text
+from gswarm_web.control.sessions.prometheus import prometheus_text
 from gswarm_web.profile_doc import export_document as _export_document
 from gswarm_web.profile_doc import thin
 

@@ -14,10 +14,10 @@ from flask import Flask
 
 from gswarm_tasks import names
 from gswarm_tasks.errors import InvalidRequest
-from gswarm_web.control import frame_archive
-from gswarm_web.control.frame_archive import LIVE, archive_node
-from gswarm_web.control.session_frames import STREAM_PAGE, Cursor, Source, counts, frames, page
-from gswarm_web.control.session_state import _bounded
+from gswarm_web.control.sessions import archive as frame_archive
+from gswarm_web.control.sessions.archive import LIVE, archive_node
+from gswarm_web.control.sessions.state import _bounded
+from gswarm_web.control.sessions.window import STREAM_PAGE, Cursor, Source, counts, frames, page
 from gswarm_web.profile_doc import Summary, thin
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC).timestamp()
@@ -146,7 +146,7 @@ def test_a_plot_window_past_the_bound_is_refused_and_summaries_need_no_rows() ->
 def test_window_before_the_session_is_refused() -> None:
     from types import SimpleNamespace
 
-    from gswarm_web.control.session_state import session_window
+    from gswarm_web.control.sessions.state import session_window
 
     s: Any = SimpleNamespace(start_time=datetime.fromtimestamp(T0, UTC), end_time=None)
     with pytest.raises(InvalidRequest, match="end"):

@@ -9,7 +9,7 @@ from typing import Any
 from flask import Flask
 from flask.testing import FlaskClient
 
-from gswarm_web.control.node_state import apply_heartbeats, node_status, sweep
+from gswarm_web.control.nodes.state import apply_heartbeats, node_status, sweep
 from gswarm_web.extensions import db
 from gswarm_web.tables import Node, NodeGpu
 from tests.conftest import bearer

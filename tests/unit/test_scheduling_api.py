@@ -59,7 +59,7 @@ def test_bad_inputs_are_refused_naming_the_field(client: FlaskClient, admin_toke
 
 
 def test_the_fleet_as_the_scheduler_sees_it(app: Flask, client: FlaskClient, admin_token: str) -> None:
-    from gswarm_web.control.node_state import apply_heartbeats
+    from gswarm_web.control.nodes.state import apply_heartbeats
     from gswarm_web.extensions import db
     from gswarm_web.tables import Model, ModelLocation
 

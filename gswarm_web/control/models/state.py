@@ -16,12 +16,12 @@ from gswarm_tasks import names
 from gswarm_tasks.devices import Device, safe_name
 from gswarm_tasks.errors import Conflict, InvalidRequest, ModelNotFound, NetworkError, ResourceUnavailable
 
-from ..extensions import db, settings
-from ..tables import Model, ModelLocation, Node, TaskRecord
-from ..tables import utcnow as now
-from .dispatch import ACTIVE, dispatch, record
-from .locking import lock
-from .node_state import status_clause
+from ...extensions import db, settings
+from ...tables import Model, ModelLocation, Node, TaskRecord
+from ...tables import utcnow as now
+from ..dispatch import ACTIVE, dispatch, record
+from ..locking import lock
+from ..nodes.state import status_clause
 
 MODEL_KINDS = ("download", "copy", "move", "delete", "register")
 PHASE_STATUS = {"downloading", "copying", "moving", "verifying", "deleting", "starting"}

@@ -23,13 +23,14 @@ from gswarm_tasks import names
 from gswarm_tasks.celery_app import send_to_node
 from gswarm_tasks.errors import InvalidRequest
 
-from ..extensions import db, redis_client, sender, settings
-from ..tables import ScalingEvent, Service, TaskRecord
-from . import live, reconciler, scaling_policy
-from .dispatch import forget_recorded, send_recorded
-from .fleet import current_view
-from .scaling_policy import Sample
-from .serve_stats import stats_key
+from ...extensions import db, redis_client, sender, settings
+from ...tables import ScalingEvent, Service, TaskRecord
+from ..dispatch import forget_recorded, send_recorded
+from ..nodes.fleet import current_view
+from . import live, reconciler
+from . import policy as scaling_policy
+from .policy import Sample
+from .stats import stats_key
 
 log = logging.getLogger(__name__)
 

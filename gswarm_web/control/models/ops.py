@@ -11,13 +11,13 @@ from gswarm_tasks.errors import Conflict, InvalidRequest
 from gswarm_tasks.models.sources import parse_source
 from gswarm_tasks.storage import prefix as storage_prefix
 
-from ..extensions import db, settings
-from ..tables import Model, ModelLocation, Replica, Service, TaskRecord
-from . import model_state
-from .devices import named
-from .dispatch import dispatch, peer_source, require_node, send_recorded
-from .model_state import locked_model, ready_location, refuse_busy, require_gpu, start_operation
-from .placement import choose
+from ...extensions import db, settings
+from ...tables import Model, ModelLocation, Replica, Service, TaskRecord
+from ..dispatch import dispatch, peer_source, require_node, send_recorded
+from ..nodes.devices import named
+from ..nodes.placement import choose
+from . import state as model_state
+from .state import locked_model, ready_location, refuse_busy, require_gpu, start_operation
 
 
 def parse_device(text: str, field: str) -> Device:

@@ -11,12 +11,12 @@ from typing import Any
 
 from gswarm_tasks import names
 
-from ..extensions import db, redis_client, settings
-from ..tables import ProfilerSession
-from . import session_frames
+from ...extensions import db, redis_client, settings
+from ...tables import ProfilerSession
+from . import window as session_frames
+from .archive import archive_node
 from .archiver import ALIVE_FIELD
-from .frame_archive import archive_node
-from .session_state import published, session_nodes, session_window, source
+from .state import published, session_nodes, session_window, source
 
 STALE_S = 5.0  # the archiver goes round every second: this long without it, it is not running
 

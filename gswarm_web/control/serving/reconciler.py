@@ -17,14 +17,15 @@ from gswarm_tasks.errors import GswarmError, ResourceUnavailable
 from gswarm_tasks.serving.engines import TP_PARAM
 from gswarm_tasks.storage import prefix as storage_prefix
 
-from ..extensions import db, redis_client, settings
-from ..tables import ModelLocation, Node, Replica, Service, TaskRecord
-from ..tables import utcnow as now
-from . import live, service_state
-from .dispatch import peer_source, record
-from .node_state import node_status
-from .placement import choose, current_load, tensor_parallel
-from .routing import engine_config
+from ...extensions import db, redis_client, settings
+from ...tables import ModelLocation, Node, Replica, Service, TaskRecord
+from ...tables import utcnow as now
+from ..dispatch import peer_source, record
+from ..nodes.placement import choose, current_load, tensor_parallel
+from ..nodes.state import node_status
+from . import live
+from . import state as service_state
+from .table import engine_config
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gswarm_tasks import names
 
-from ..extensions import db
-from ..tables import Model, Replica, Service
+from ...extensions import db
+from ...tables import Model, Replica, Service
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from sqlalchemy.exc import IntegrityError
 
 from gswarm_tasks import names
 
-from ..extensions import db
-from ..tables import ProfilerFrameSegment
+from ...extensions import db
+from ...tables import ProfilerFrameSegment
 
 log = logging.getLogger(__name__)
 

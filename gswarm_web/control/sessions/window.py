@@ -20,9 +20,9 @@ import redis
 from gswarm_tasks import names
 from gswarm_tasks.errors import InvalidRequest
 
-from ..profile_doc import keep, slim
-from . import frame_archive as archive
-from .frame_archive import LIVE, MAXSEQ, Pos, before_ms, parse_id
+from ...profile_doc import keep, slim
+from . import archive
+from .archive import LIVE, MAXSEQ, Pos, before_ms, parse_id
 
 STREAM_PAGE = 10_000  # stream entries read per round trip
 CURSOR_MAX_CHARS = 1 << 20

@@ -16,8 +16,8 @@ from typing import Any
 
 from gswarm_tasks import names
 
-from ..extensions import db
-from ..tables import Model, Replica, ScalingEvent, Service
+from ...extensions import db
+from ...tables import Model, Replica, ScalingEvent, Service
 
 KEEP_S = 7 * 24 * 3600
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)

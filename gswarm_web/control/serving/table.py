@@ -32,10 +32,11 @@ from gswarm_tasks import names
 from gswarm_tasks.errors import InvalidRequest
 from gswarm_tasks.serving.engines import OPENAI_ROUTES, key_headers, presets
 
-from ..extensions import db, redis_client, settings
-from ..tables import Model, Node, Replica, Service
-from . import live, serve_stats
-from .serve_stats import Outcome, stats_key
+from ...extensions import db, redis_client, settings
+from ...tables import Model, Node, Replica, Service
+from . import live
+from . import stats as serve_stats
+from .stats import Outcome, stats_key
 
 REFRESH_S = 1.0  # with no replica in the table: how often it is read again
 REFRESH_MAX_S = 3.0  # the longest a table is kept when no replica started or stopped (a service's config may change)

@@ -37,9 +37,9 @@ from sqlalchemy.orm import Session
 
 from gswarm_tasks import names
 
-from ..extensions import redis_client
-from ..tables import Replica
-from .serve_stats import DONE
+from ...extensions import redis_client
+from ...tables import Replica
+from .stats import DONE
 
 log = logging.getLogger(__name__)
 

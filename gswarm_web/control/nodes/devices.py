@@ -7,8 +7,8 @@ from __future__ import annotations
 from gswarm_tasks.devices import AUTO, Device
 from gswarm_tasks.errors import InvalidRequest
 
-from ..extensions import db
-from ..tables import Node
+from ...extensions import db
+from ...tables import Node
 
 
 def _aliases() -> list[tuple[str, list[str]]]:

@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func
 
-from ..extensions import db, settings
-from ..tables import DataChunk
-from .chunk_state import delete_copy, enforce_dram_capacity, holders, live_refs
-from .locking import lock
+from ...extensions import db, settings
+from ...tables import DataChunk
+from ..locking import lock
+from .state import delete_copy, enforce_dram_capacity, holders, live_refs
 
 
 def collect_garbage() -> dict[str, int]:

@@ -17,12 +17,12 @@ from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import NotFound
 from gswarm_tasks.storage import prefix as storage_prefix
 
-from ..extensions import db, settings
-from ..tables import ChunkLocation, ChunkRef, DataChunk, Node, TaskRecord, WorkflowRun
-from ..tables import utcnow as now
-from .dispatch import peer_source, record
-from .locking import lock
-from .node_state import node_status
+from ...extensions import db, settings
+from ...tables import ChunkLocation, ChunkRef, DataChunk, Node, TaskRecord, WorkflowRun
+from ...tables import utcnow as now
+from ..dispatch import peer_source, record
+from ..locking import lock
+from ..nodes.state import node_status
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from flask import Flask
 
 from gswarm_tasks import names
 
-from ..extensions import db, settings
-from ..tables import ProfilerSession
-from .frame_archive import archive_node
-from .session_state import seal, session_nodes
+from ...extensions import db, settings
+from ...tables import ProfilerSession
+from .archive import archive_node
+from .state import seal, session_nodes
 
 log = logging.getLogger(__name__)
 

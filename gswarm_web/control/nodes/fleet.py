@@ -6,10 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from ..extensions import db, settings
-from ..scheduling import fleet_view
-from ..tables import Model, Node
-from .node_state import node_status
+from ...extensions import db, settings
+from ...scheduling import fleet_view
+from ...tables import Model, Node
+from .state import node_status
 
 
 def _node(node: Node, now: datetime) -> dict[str, Any]:

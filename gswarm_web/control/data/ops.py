@@ -19,13 +19,13 @@ from gswarm_tasks.data.sources import parse_data_source
 from gswarm_tasks.devices import Device, parse_target
 from gswarm_tasks.errors import Conflict, InvalidRequest, NotFound, ResourceUnavailable
 
-from ..extensions import db, redis_client, settings
-from ..tables import ChunkLocation, ChunkRef, DataChunk, TaskRecord
-from ..tables import utcnow as now
-from .chunk_state import delete_copy, expected_of, holders, source_of, usable_locations
-from .devices import by_address
-from .dispatch import ACTIVE, record, require_node, send_recorded
-from .placement import choose
+from ...extensions import db, redis_client, settings
+from ...tables import ChunkLocation, ChunkRef, DataChunk, TaskRecord
+from ...tables import utcnow as now
+from ..dispatch import ACTIVE, record, require_node, send_recorded
+from ..nodes.devices import by_address
+from ..nodes.placement import choose
+from .state import delete_copy, expected_of, holders, source_of, usable_locations
 
 
 def data_target(text: str, field: str = "device") -> tuple[Device, dict[str, Any] | None]:

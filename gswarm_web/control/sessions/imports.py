@@ -11,11 +11,11 @@ from typing import Any
 
 from gswarm_tasks.errors import Conflict, InvalidRequest, NotFound
 
-from ..extensions import db
-from ..tables import ProfilerFrameSegment, ProfilerSession
-from . import frame_archive
-from .frame_archive import Pos
-from .session_state import keep_summary, summarize
+from ...extensions import db
+from ...tables import ProfilerFrameSegment, ProfilerSession
+from . import archive as frame_archive
+from .archive import Pos
+from .state import keep_summary, summarize
 
 MAX_SEQ_STEP = 1  # frames of one host at one millisecond take the next sequence number
 

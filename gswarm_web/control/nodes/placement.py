@@ -10,10 +10,10 @@ from gswarm_tasks.devices import Auto, Device
 from gswarm_tasks.errors import InvalidRequest, ResourceUnavailable
 from gswarm_tasks.serving.engines import AUTO
 
-from ..extensions import db, settings
-from ..scheduling.placement import Load, decide
-from ..tables import Model, Node, Replica, TaskRecord
-from .dispatch import ACTIVE
+from ...extensions import db, settings
+from ...scheduling.placement import Load, decide
+from ...tables import Model, Node, Replica, TaskRecord
+from ..dispatch import ACTIVE
 from .fleet import current_view
 
 STARTING = ("pending", "placing", "starting")

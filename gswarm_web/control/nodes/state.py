@@ -16,8 +16,8 @@ from sqlalchemy.sql import ColumnElement
 
 from gswarm_tasks.devices import NODE_NAME_RE, RESERVED_NODE_NAMES
 
-from ..extensions import db
-from ..tables import Node, NodeGpu
+from ...extensions import db
+from ...tables import Node, NodeGpu
 
 log = logging.getLogger(__name__)
 

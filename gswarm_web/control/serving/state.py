@@ -18,13 +18,13 @@ from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import Conflict, InvalidRequest, NotFound
 from gswarm_tasks.serving.engines import TP_PARAM
 
-from ..extensions import db, redis_client
-from ..tables import Model, Replica, Service, TaskRecord
-from ..tables import utcnow as now
+from ...extensions import db, redis_client
+from ...tables import Model, Replica, Service, TaskRecord
+from ...tables import utcnow as now
+from ..dispatch import record
+from ..report import Report
 from . import live
-from .dispatch import record
-from .report import Report
-from .routing import engine_config
+from .table import engine_config
 
 SERVICE_STATES = ("pending", "starting", "running", "degraded", "unhealthy", "idle", "stopping", "stopped", "failed")
 REPLICA_STATES = ("pending", "placing", "starting", "running", "unhealthy", "draining", "stopping", "stopped", "failed",

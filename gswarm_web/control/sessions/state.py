@@ -16,13 +16,13 @@ import redis
 from gswarm_tasks import names
 from gswarm_tasks.errors import InvalidRequest, NotFound
 
-from ..extensions import db, redis_client, settings
-from ..profile_doc import DocumentWriter, Summary, export_document, rows
-from ..profile_original import ToOriginal, original_head
-from ..tables import Node, ProfilerSession
-from . import session_frames
-from .frame_archive import LIVE
-from .session_frames import Cursor, Source
+from ...extensions import db, redis_client, settings
+from ...profile_doc import DocumentWriter, Summary, export_document, rows
+from ...profile_original import ToOriginal, original_head
+from ...tables import Node, ProfilerSession
+from . import window as session_frames
+from .archive import LIVE
+from .window import Cursor, Source
 
 Window = tuple[datetime, datetime]
 

@@ -24,10 +24,10 @@ from flask import Flask, current_app
 
 from gswarm_tasks import names
 
-from ..extensions import db, redis_client, sender, settings
-from ..tables import Model, ScalingEvent, Service
+from ...extensions import db, redis_client, sender, settings
+from ...tables import Model, ScalingEvent, Service
 from . import live
-from .routing import Target, directory
+from .table import Target, directory
 
 log = logging.getLogger(__name__)
 

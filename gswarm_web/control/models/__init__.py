@@ -1,0 +1,1 @@
+"""Models' bookkeeping: the model commands (download, copy, move, delete) and where each model's copies are."""
