@@ -30,8 +30,7 @@ from .control.serving import reconciler
 from .control.serving import state as service_state
 from .control.serving.autoscaler import AutoscalerLoop
 from .control.sessions.consumer import frames_consumer
-from .control.streams import StreamConsumer
-from .control.worker import ControlConsumers, ControlTask
+from .control.worker import ControlConsumers, ControlTask, StreamConsumer
 from .extensions import db
 from .workflows import dispatcher, events
 

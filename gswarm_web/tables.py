@@ -238,7 +238,7 @@ class TaskRecord(db.Model):  # type: ignore[name-defined]
     """
 
     __tablename__ = "tasks"
-    # A node's (and the fleet's) latest finished operations, newest first: the queue's estimates (queue_place).
+    # A node's (and the fleet's) latest finished operations, newest first: the queue's estimates (task_state.place).
     __table_args__ = (
         db.Index("ix_tasks_node_state_finished", "node", "state", "finished_at"),
         db.Index("ix_tasks_state_finished", "state", "finished_at"),

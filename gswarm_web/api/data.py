@@ -20,7 +20,7 @@ from ..control.data.state import get_chunk, source_of, touch, usable_locations
 from ..control.dispatch import read_token, require_node
 from ..control.nodes.devices import by_address, node_by_address
 from ..control.nodes.targets import resolve as resolve_tiers
-from ..control.queue_place import place
+from ..control.task_state import place
 from ..errors import ErrorSchema, error_response
 from ..extensions import db, settings
 from ..tables import ChunkLocation, DataChunk, TaskRecord

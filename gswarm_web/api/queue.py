@@ -15,7 +15,7 @@ from gswarm_tasks.errors import NotFound
 from gswarm_tasks.reporting import read_progress
 
 from ..control import task_state
-from ..control.queue_place import place
+from ..control.task_state import place
 from ..extensions import db, redis_client
 from ..tables import TaskRecord
 from ..workflows.cancel import cancel_step
