@@ -9,8 +9,8 @@ import marshmallow as ma
 
 from ..control.serving import autoscaler
 from ..control.serving import state as service_state
+from ..control.serving.config import LOAD_BALANCING
 from ..control.serving.state import REPLICA_STATES, SERVICE_STATES, service_healthy
-from ..control.serving.table import LOAD_BALANCING
 from ..tables import Replica, Service
 from .pagination import PageArgsSchema, PageSchema
 

@@ -19,8 +19,8 @@ from ..control.nodes import placement, targets
 from ..control.nodes.devices import named, node_by_address
 from ..control.serving import autoscaler, reconciler
 from ..control.serving import state as service_state
+from ..control.serving.config import SERVICE_KEYS, engine_config, split_config
 from ..control.serving.state import get_service
-from ..control.serving.table import SERVICE_KEYS, engine_config, split_config
 from ..extensions import db, settings
 from ..tables import Node, Replica, Service, TaskRecord
 from .pagination import page_of

@@ -7,7 +7,8 @@ import pytest
 
 from gswarm_tasks.errors import InvalidRequest
 from gswarm_tasks.serving.engines import DEFAULTS, choose
-from gswarm_web.control.serving.table import Directory, Target, engine_config, split_config
+from gswarm_web.control.serving.config import engine_config, split_config
+from gswarm_web.control.serving.table import Directory, Target
 
 VALUES = {"path": "/m", "host": "10.0.0.1", "port": "8080", "model": "llama-7b", "python": "python"}
 

@@ -25,7 +25,7 @@ from ..nodes.placement import choose, current_load, tensor_parallel
 from ..nodes.state import node_status
 from . import live
 from . import state as service_state
-from .table import engine_config
+from .config import engine_config
 
 log = logging.getLogger(__name__)
 

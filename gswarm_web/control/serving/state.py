@@ -24,7 +24,7 @@ from ...tables import utcnow as now
 from ..dispatch import record
 from ..report import Report
 from . import live
-from .table import engine_config
+from .config import engine_config
 
 SERVICE_STATES = ("pending", "starting", "running", "degraded", "unhealthy", "idle", "stopping", "stopped", "failed")
 REPLICA_STATES = ("pending", "placing", "starting", "running", "unhealthy", "draining", "stopping", "stopped", "failed",
