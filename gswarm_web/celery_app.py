@@ -32,7 +32,8 @@ from .control.serving.autoscaler import AutoscalerLoop
 from .control.sessions.consumer import frames_consumer
 from .control.worker import ControlConsumers, ControlTask, StreamConsumer
 from .extensions import db
-from .workflows import dispatcher, events
+from .workflows import chains as dispatcher
+from .workflows import step_reports as events
 
 log = logging.getLogger(__name__)
 

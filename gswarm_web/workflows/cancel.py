@@ -15,7 +15,7 @@ from ..control.serving import state as service_state
 from ..extensions import db, redis_client, sender
 from ..tables import TaskRecord, WorkflowRun
 from ..tables import utcnow as now
-from .dispatcher import advance, send
+from .chains import advance, send
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from gswarm_tasks.errors import GswarmError, InvalidRequest
 from ..control.nodes.fleet import current_view
 from ..control.nodes.placement import choose, current_load, need_bytes
 from ..extensions import db
-from ..scheduling.placement import Load
+from ..scheduling.ranking import Load
 from ..tables import ChunkLocation, Model, ModelLocation
 from .document import Action, Ref, Workflow
 from .rules import PLACED

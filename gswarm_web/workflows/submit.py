@@ -26,9 +26,9 @@ from ..extensions import db, settings
 from ..tables import Model, Node, NodeGpu, TaskRecord, WorkflowRun
 from ..tables import utcnow as now
 from .actions import MODEL_ACTIONS
+from .chains import Sends, advance, send
 from .compiler import segments, step_device, step_queue
 from .data import prepare_data
-from .dispatcher import Sends, advance, send
 from .document import Action, Workflow
 from .placing import place_workflow
 from .spec import validate

@@ -11,7 +11,7 @@ from gswarm_tasks.errors import InvalidRequest, ResourceUnavailable
 from gswarm_tasks.serving.engines import AUTO
 
 from ...extensions import db, settings
-from ...scheduling.placement import Load, decide
+from ...scheduling.ranking import Load, decide
 from ...tables import Model, Node, Replica, TaskRecord
 from ..dispatch import ACTIVE
 from .fleet import current_view

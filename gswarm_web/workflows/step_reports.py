@@ -22,7 +22,7 @@ from ..extensions import db
 from ..tables import TaskRecord, WorkflowRun
 from .actions import DATA_ACTIONS, MODEL_ACTIONS
 from .cancel import cancel_workflow
-from .dispatcher import TERMINAL, Sends, advance, send
+from .chains import TERMINAL, Sends, advance, send
 
 
 def _at(value: Any) -> datetime | None:
