@@ -32,7 +32,7 @@ from .control.serving.autoscaler import AutoscalerLoop
 from .control.sessions.consumer import frames_consumer
 from .control.worker import ControlConsumers, ControlTask, StreamConsumer
 from .extensions import db
-from .workflows import chains as dispatcher
+from .workflows import chains
 from .workflows import step_reports as events
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def sweep_nodes() -> list[list[str]]:
 def sweep_outbox() -> int:
     """Send what was decided but never reached the broker (workflow chains, operations), and the operations whose
     message reached it but no node (one taken by a worker killed in its read) for two heartbeat timeouts."""
-    sent = dispatcher.resend_undispatched() + dispatch.resend_unsent()
+    sent = chains.resend_undispatched() + dispatch.resend_unsent()
     return sent + dispatch.resend_untaken(2 * settings.heartbeat_timeout_s)
 
 
@@ -86,7 +86,7 @@ def reports_consumer(consumer: str) -> StreamConsumer:
     """The one intake: operation reports, step reports and service health, in that order within a batch."""
     with flask_app.app_context():
         try:
-            dispatcher.resend_undispatched(0)
+            chains.resend_undispatched(0)
         except Exception as exc:  # the beat sweep tries again
             log.warning("resending undispatched steps failed: %s", exc)
     intake = Intake(

@@ -1,4 +1,4 @@
-"""Placement in the live fleet: `auto` devices resolved with the scheduler's cost model (`scheduling.placement`),
+"""Placement in the live fleet: `auto` devices resolved with the scheduler's cost model (`scheduling.ranking`),
 from the fleet as it is now (`control.fleet`) and what gswarm already placed on it."""
 
 from __future__ import annotations
