@@ -5,7 +5,7 @@
    PCIe throughput, and the GPU processes by name.
 2. The `gpuN` tier: `gswarm_tasks.models.gpu_holder` loads 1 GiB of safetensors into GPU memory; NVML and nvidia-smi
    see it held, and freed when the holder stops.
-3. Serving on `gpu0`: `gswarm_tasks.model_server --device cuda:0` answers /v1/embeddings, equal to the same
+3. Serving on `gpu0`: `gswarm_tasks.serving.model_server --device cuda:0` answers /v1/embeddings, equal to the same
    model on the CPU.
 
 usage: python bench/gpu_check.py [--model DIR] [--out report.json]
@@ -157,7 +157,15 @@ def serving(model: Path) -> dict[str, Any]:
 
     port = free_port()
     t0 = time.monotonic()
-    argv = [sys.executable, "-m", "gswarm_tasks.model_server", "--model-path", str(model), "--model-name", "minilm"]
+    argv = [
+        sys.executable,
+        "-m",
+        "gswarm_tasks.serving.model_server",
+        "--model-path",
+        str(model),
+        "--model-name",
+        "minilm",
+    ]
     proc = subprocess.Popen(
         [*argv, "--device", "cuda:0", "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.PIPE,

@@ -9,12 +9,12 @@ import logging
 from typing import Any
 
 from celery import Celery, Task
+from kombu.transport import redis as kombu_redis
 
-from . import defaults, names
-from .broker import transport_for
+from . import names
 from .devices import validate_node_name
 from .errors import InvalidRequest, RedeliveryLimitExceeded
-from .settings import Settings, load_settings
+from .settings import RETRY_COUNT, Settings, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class GswarmTask(Task):
         count = int(replies[0])
         self.request.gswarm_starts = int(replies[2])  # the attempt a step reports: a crash's redelivery counts
         self.request.gswarm_prefetched = replies[4:]
-        cap = int(self.app.conf.get("gswarm_max_redeliveries", defaults.RETRY_COUNT))
+        cap = int(self.app.conf.get("gswarm_max_redeliveries", RETRY_COUNT))
         if count > cap + 1:
             raise RedeliveryLimitExceeded(
                 f"task {self.name}[{task_id}] was delivered {count} times without finishing; giving up",
@@ -90,7 +90,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     url = settings.effective_redis_url
     return {
         "broker_url": url,
-        "broker_transport": transport_for(url),  # kombu's Redis transport, surviving a Redis restart (broker.py)
+        "broker_transport": transport_for(url),  # kombu's Redis transport, surviving a Redis restart (below)
         "result_backend": url,
         "task_serializer": "json",
         "result_serializer": "json",
@@ -191,6 +191,40 @@ def send_to_node(
     return app.send_task(
         task_name, args=args, kwargs=kwargs, queue=node, routing_key=node, priority=priority_value(priority), **options
     )
+
+
+# The Redis broker transport: kombu's, with one fix for a Redis that restarts.
+#
+# When a worker loses its broker connection while it holds unacknowledged messages (a running task, acks late), Celery
+# closes the connection and kombu's channel, closing, puts those messages back on their queue. kombu 5.7 makes that
+# client from the transport's connection info after the connection has already dropped it, raises AttributeError
+# (``'NoneType' object has no attribute 'hostname'``), and Celery stops the whole worker as an unrecoverable error: a
+# node whose Redis restarted for a moment is gone until someone restarts it. Here a channel keeps the connection info
+# it was made with and uses it for that last client; if Redis is still away then, the messages stay in the broker's
+# unacked index, which brings them back after the visibility timeout, as for a worker that died.
+class Channel(kombu_redis.Channel):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._client_info: Any = args[0].client if args else None  # the kombu Connection this channel serves
+        super().__init__(*args, **kwargs)
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        transport = self.connection
+        if transport.client is not None or self._client_info is None:
+            return dict(super()._connparams(asynchronous))
+        transport.client = self._client_info  # closing after the connection was lost: the info it was made with
+        try:
+            return dict(super()._connparams(asynchronous))
+        finally:
+            transport.client = None
+
+
+class Transport(kombu_redis.Transport):
+    Channel = Channel
+
+
+def transport_for(url: str) -> str | None:
+    """The transport to name for broker `url`: this module's for redis:// and rediss://, else kombu's choice."""
+    return f"{__name__}:Transport" if url.split("://", 1)[0] in ("redis", "rediss") else None
 
 
 app = make_celery()

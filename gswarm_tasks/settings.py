@@ -13,11 +13,26 @@ from typing import Any
 
 import yaml
 
-from . import defaults
 from .config_keys import check_keys, parse_nodes
 from .devices import validate_node_name
 from .errors import ConfigError
 from .serving.engines import parse_engines
+
+# Defaults where neither the config file nor the environment says otherwise.
+API_HOST = "127.0.0.1"
+API_PORT = 8091
+REDIS_URL = "redis://127.0.0.1:6379/0"
+HEARTBEAT_INTERVAL_S = 5.0
+HEARTBEAT_TIMEOUT_S = 30.0
+OFFLINE_AFTER_S = 120.0
+TASK_TIMEOUT_S = 3600
+VISIBILITY_TIMEOUT_S = 12 * 3600
+RETRY_COUNT = 3
+TASK_EVENTS = False
+MAX_CONCURRENT_TASKS = 4
+PROFILING_FREQUENCY_MS = 1000
+DATA_INLINE_MAX_BYTES = 64 * 1024
+DATA_BATCH_MAX_COUNT = 1000
 
 ADMIN_TOKEN_MIN_CHARS = 32  # an admin token runs anything on the fleet: long enough that guessing is hopeless
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
@@ -611,8 +626,8 @@ class Settings:
     config_file: str | None = None
     database_url: str | None = None
     redis_url: str | None = None
-    api_host: str = defaults.API_HOST
-    api_port: int = defaults.API_PORT
+    api_host: str = API_HOST
+    api_port: int = API_PORT
     broker_port: int = 8090
     model_port: int = 9010
     join_token: str | None = None
@@ -624,15 +639,15 @@ class Settings:
     storage_root: str | None = None
     dram_root: str | None = None
     cache_size: int = 0
-    heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
-    heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S
-    offline_after_s: float = defaults.OFFLINE_AFTER_S
-    max_concurrent_tasks: int = defaults.MAX_CONCURRENT_TASKS
-    task_timeout_s: int = defaults.TASK_TIMEOUT_S
-    retry_count: int = defaults.RETRY_COUNT
-    task_events: bool = defaults.TASK_EVENTS
-    visibility_timeout_s: int = defaults.VISIBILITY_TIMEOUT_S
-    profiling_frequency_ms: int = defaults.PROFILING_FREQUENCY_MS
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
+    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
+    offline_after_s: float = OFFLINE_AFTER_S
+    max_concurrent_tasks: int = MAX_CONCURRENT_TASKS
+    task_timeout_s: int = TASK_TIMEOUT_S
+    retry_count: int = RETRY_COUNT
+    task_events: bool = TASK_EVENTS
+    visibility_timeout_s: int = VISIBILITY_TIMEOUT_S
+    profiling_frequency_ms: int = PROFILING_FREQUENCY_MS
     profiling_bandwidth: bool = True
     profiling_nvlink: bool = False
     profiling_spill_max_bytes: int = 64_000_000
@@ -668,8 +683,8 @@ class Settings:
     profiling_archive_segment_frames: int = 2000
     profiling_stream_max_frames: int = 200_000
     data_max_inline: int = 16 * 1024 * 1024
-    data_inline_max_bytes: int = defaults.DATA_INLINE_MAX_BYTES
-    data_batch_max_count: int = defaults.DATA_BATCH_MAX_COUNT
+    data_inline_max_bytes: int = DATA_INLINE_MAX_BYTES
+    data_batch_max_count: int = DATA_BATCH_MAX_COUNT
     data_max_size: int = 64 * 1024**3
     data_dram_capacity: int = 0
     data_intermediate_ttl_s: float = 3600.0
@@ -687,7 +702,7 @@ class Settings:
 
     @property
     def effective_redis_url(self) -> str:
-        return self.redis_url or defaults.REDIS_URL
+        return self.redis_url or REDIS_URL
 
     @property
     def effective_api_url(self) -> str:

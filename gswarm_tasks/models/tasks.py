@@ -18,11 +18,10 @@ from celery import Task
 
 from .. import names
 from ..celery_app import NodeTask, app, settings_of
-from ..context import NodeContext, require_node
+from ..context import NodeContext, pick_port, require_node
 from ..devices import Device
 from ..errors import InvalidRequest, NotFound, ResourceUnavailable
 from ..locks import model_leases
-from ..ports import pick_port
 from ..profiling.nvml import list_gpus
 from ..reporting import Reporter, redis_of, run_op
 from ..settings import Settings

@@ -109,7 +109,7 @@ BUILTIN = Engine(
     (
         "{python}",
         "-m",
-        "gswarm_tasks.model_server",
+        "gswarm_tasks.serving.model_server",
         "--model-path",
         "{path}",
         "--model-name",

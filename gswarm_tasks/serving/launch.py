@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..context import NodeContext
+from ..context import NodeContext, pick_port, port_bindable, port_free
 from ..devices import Device
 from ..errors import Forbidden, ResourceUnavailable, TaskFailed
-from ..ports import pick_port, port_bindable, port_free
 from ..settings import Settings
 from .engines import Engine
 from .installed import python_for, search_path

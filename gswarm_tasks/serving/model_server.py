@@ -308,7 +308,7 @@ def create_app(backend: Backend, name: str, device: str, max_batch: int, key: st
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m gswarm_tasks.model_server", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gswarm_tasks.serving.model_server", description=__doc__.split("\n")[0])
     p.add_argument("--model-path", required=True, type=Path, help="local model directory")
     p.add_argument("--model-name", required=True, help="the name clients use in 'model'")
     p.add_argument("--port", required=True, type=int, help="TCP port; 0 picks a free one")

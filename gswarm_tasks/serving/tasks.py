@@ -15,11 +15,10 @@ from celery import Task
 
 from .. import names
 from ..celery_app import app, settings_of
-from ..context import NodeContext, require_node
+from ..context import NodeContext, port_free, require_node
 from ..devices import Device
 from ..errors import NotFound, ResourceUnavailable
 from ..models.tasks import OPTS, Op, gpu_index_available, run_task
-from ..ports import port_free
 from ..reporting import Reporter
 from ..settings import Settings
 from ..storage import read_manifest

@@ -5,8 +5,8 @@ the time its weights take to load (MiniLM from DRAM: about a second) instead of 
 The node worker asks it over a Unix socket in its private services directory, from its own user only (the peer's
 uid is checked): a start gives the built-in server's arguments, its whole (minimal) environment and its log file;
 the child starts a session of its own (the node stops it as any server: its process group) and the answer is its
-pid. It runs nothing but `gswarm_tasks.model_server`, never touches a GPU itself (a child sees the devices of its
-own environment), and exits once the node worker that started it is gone.
+pid. It runs nothing but `gswarm_tasks.serving.model_server`, never touches a GPU itself (a child sees the devices
+of its own environment), and exits once the node worker that started it is gone.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class WarmStarter:
             return True
 
     def spawn(self, args: list[str], env: dict[str, str], log: Path) -> int | None:
-        """Start `python -m gswarm_tasks.model_server ARGS` from the warm starter: its pid, or None when no warm
+        """Start `python -m gswarm_tasks.serving.model_server ARGS` from the warm starter: its pid, or None when no warm
         starter answers (the caller starts the server the cold way)."""
         if self._pid() is None:
             return None
@@ -97,7 +97,7 @@ def _preload() -> None:
     """Import what a built-in server imports to load a model (each optional: a node may lack one)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    for name in ("gswarm_tasks.model_server", "gswarm_tasks.serving.generation", "torch", "transformers",
+    for name in ("gswarm_tasks.serving.model_server", "gswarm_tasks.serving.generation", "torch", "transformers",
                  "sentence_transformers", "transformers.models.bert.modeling_bert",
                  "transformers.models.gpt2.modeling_gpt2", "werkzeug.serving"):  # fmt: skip
         try:

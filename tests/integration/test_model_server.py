@@ -1,4 +1,4 @@
-"""The built-in model server (`python -m gswarm_tasks.model_server`) as a real subprocess on this host's CPU."""
+"""The built-in model server (`python -m gswarm_tasks.serving.model_server`) as a real subprocess on this host's CPU."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.out, self.err = log_dir / f"{name}.out", log_dir / f"{name}.err"
-        argv = [sys.executable, "-m", "gswarm_tasks.model_server", "--model-path", str(model_path)]
+        argv = [sys.executable, "-m", "gswarm_tasks.serving.model_server", "--model-path", str(model_path)]
         argv += ["--model-name", name, "--port", str(self.port), *extra]
         if key:  # as a node starts it: every request but /health carries the service key
             (log_dir / f"{name}.key").write_text(KEY)
@@ -233,7 +233,7 @@ def test_missing_cuda_device_is_refused(tmp_path: Path) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("this host has CUDA")
-    argv = [sys.executable, "-m", "gswarm_tasks.model_server", "--model-path", str(gt_minilm.get_model_path())]
+    argv = [sys.executable, "-m", "gswarm_tasks.serving.model_server", "--model-path", str(gt_minilm.get_model_path())]
     argv += ["--model-name", "minilm", "--port", str(free_port()), "--device", "cuda:0"]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0

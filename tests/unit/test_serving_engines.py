@@ -46,7 +46,7 @@ def test_each_preset_starts_its_engine_as_its_documentation_says() -> None:
     # and `--metrics` for its /metrics (llamacpp:*)
     assert argv("llama.cpp") == ["llama-server", "-m", str(M), "--host", "10.0.0.5", "--port", "8100",
                                  "--alias", "llama", "--metrics"]  # fmt: skip
-    assert argv("builtin") == [sys.executable, "-m", "gswarm_tasks.model_server", "--model-path", str(M),
+    assert argv("builtin") == [sys.executable, "-m", "gswarm_tasks.serving.model_server", "--model-path", str(M),
                                "--model-name", "llama", "--host", "10.0.0.5", "--port", "8100", "--threads", "1",
                                "--device", "cpu"]  # fmt: skip
     assert all(e.health_path == "/health" for e in DEFAULTS.values())  # every engine's readiness probe
