@@ -87,7 +87,7 @@ def serve(fleet: Fleet, body: dict[str, Any]) -> dict[str, Any]:
         assert s["status"] != "failed", f"the service failed: {s}"
         return s if s["status"] == "running" else None
 
-    return wait_for(running, START_S + 60, f"{body} running")  # type: ignore[no-any-return]
+    return waited(fleet, sid, running, START_S + 60, f"{body} running")  # type: ignore[no-any-return]
 
 
 def stop(fleet: Fleet, svc: dict[str, Any]) -> None:
@@ -106,6 +106,23 @@ def _tree(pid: int) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+
+
+def explain(fleet: Fleet, sid: str) -> str:
+    """What a failed wait on a service shows: the service as the API has it, the tail of its engines' output and
+    of node1's worker log."""
+    svc = fleet.get(f"/services/{sid}")[1]
+    engine_log = fleet.storage("node1") / "services" / f"{sid}.log"
+    tail = engine_log.read_text(errors="replace")[-6000:] if engine_log.exists() else "(no engine log)"
+    worker = fleet.procs["node1"].log()[-4000:] if "node1" in fleet.procs else ""
+    return f"\nservice: {json.dumps(svc, indent=1)}\nengine log tail:\n{tail}\nnode1 log tail:\n{worker}"
+
+
+def waited(fleet: Fleet, sid: str, cond: Any, timeout: float, what: str) -> Any:
+    try:
+        return wait_for(cond, timeout, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}{explain(fleet, sid)}") from None
 
 
 def metrics(fleet: Fleet) -> str:
@@ -244,7 +261,7 @@ def test_a_rolling_update_under_load_fails_no_request(fleet: Fleet) -> None:
                 old_gone = all(r["status"] == "stopped" for r in s["instances"] if r["id"] in first)
                 return s if running and not running & first and old_gone else None
 
-            after = wait_for(replaced, START_S + 120, "the new replica serving and the old one stopped")
+            after = waited(fleet, svc["id"], replaced, START_S + 120, "the new replica serving and the old one stopped")
             before = load.ok
             wait_for(lambda: load.ok > before + 5, 60, "requests served by the new replica")
         assert not load.failures, load.failures[:5]
