@@ -31,7 +31,7 @@ from ..control.sessions.state import (
     unpublish,
 )
 from ..extensions import db, redis_client
-from ..plots import render, step_spans
+from ..profiling.plots import render, step_spans
 from ..tables import Node, ProfilerSession, TaskRecord
 from .offload import offload
 from .profiler_schemas import (

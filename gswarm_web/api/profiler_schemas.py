@@ -6,7 +6,7 @@ from datetime import UTC
 
 import marshmallow as ma
 
-from ..profile_doc import HOST_KEYS
+from ..profiling.export import HOST_KEYS
 
 NAME = ma.validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", error="letters, digits, `_`, `.` and `-`, at most 128")
 HOST = ma.validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$", error="a host name")

@@ -24,8 +24,8 @@ from rich.console import Console
 from gswarm_tasks.errors import ApiError
 from gswarm_tasks.settings import load_settings
 
-from ..profile_doc import frames_from_rows, slim
-from ..profile_original import epoch, from_original, iso, period_of, read_jsonl, saved_sessions
+from ..profiling.export import frames_from_rows, slim
+from ..profiling.original import epoch, from_original, iso, period_of, read_jsonl, saved_sessions
 from .client import ApiClient
 
 console = Console(soft_wrap=True)

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..profile_doc import DocumentWriter, export_document, frames_from_rows
-from ..profile_original import ToOriginal, from_original, is_original, original_head, period_of
+from ..profiling.export import DocumentWriter, export_document, frames_from_rows
+from ..profiling.original import ToOriginal, from_original, is_original, original_head, period_of
 from .client import ApiClient
 
 EXPORT_TIMEOUT_S = 600.0  # the last page sums up the whole window

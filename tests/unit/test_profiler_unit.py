@@ -14,8 +14,8 @@ from gswarm_tasks import names
 from gswarm_tasks.profiling.nvml import FakeGpuSource
 from gswarm_tasks.profiling.sampler import Sampler
 from gswarm_web.control.sessions.prometheus import prometheus_text
-from gswarm_web.profile_doc import export_document as _export_document
-from gswarm_web.profile_doc import thin
+from gswarm_web.profiling.export import export_document as _export_document
+from gswarm_web.profiling.export import thin
 
 
 def export_document(name: str, start: datetime, end: datetime | None, fr: Any, bandwidth: bool, nvlink: bool) -> dict:
@@ -118,7 +118,7 @@ def test_prometheus_text_parses_with_dcgm_names() -> None:
 def test_plot_is_a_valid_png_and_pdf_with_one_panel_per_view(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import matplotlib.image as mpimg
 
-    from gswarm_web.plots import render
+    from gswarm_web.profiling.plots import render
 
     doc = export_document("s", datetime.now(UTC), None, frames(30), bandwidth=True, nvlink=False)
     png, panels = render(doc, None, "png")
@@ -149,7 +149,7 @@ def test_analyze_cli_plots_an_export(tmp_path) -> None:  # type: ignore[no-untyp
 
 
 def test_a_host_only_session_exports_host_frames_and_plots_host_panels() -> None:
-    from gswarm_web.plots import panels_of, render
+    from gswarm_web.profiling.plots import panels_of, render
 
     doc = export_document("cpu", datetime.now(UTC), None, frames(12, gpus=0), bandwidth=True, nvlink=False)
     assert doc["frames"] == [] and len(doc["host_frames"]) == 12

@@ -18,7 +18,7 @@ from gswarm_web.control.sessions import archive as frame_archive
 from gswarm_web.control.sessions.archive import LIVE, archive_node
 from gswarm_web.control.sessions.state import _bounded
 from gswarm_web.control.sessions.window import STREAM_PAGE, Cursor, Source, counts, frames, page
-from gswarm_web.profile_doc import Summary, thin
+from gswarm_web.profiling.export import Summary, thin
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC).timestamp()
 

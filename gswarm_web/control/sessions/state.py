@@ -17,8 +17,8 @@ from gswarm_tasks import names
 from gswarm_tasks.errors import InvalidRequest, NotFound
 
 from ...extensions import db, redis_client, settings
-from ...profile_doc import DocumentWriter, Summary, export_document, rows
-from ...profile_original import ToOriginal, original_head
+from ...profiling.export import DocumentWriter, Summary, export_document, rows
+from ...profiling.original import ToOriginal, original_head
 from ...tables import Node, ProfilerSession
 from . import window as session_frames
 from .archive import LIVE

@@ -20,7 +20,7 @@ import redis
 from gswarm_tasks import names
 from gswarm_tasks.errors import InvalidRequest
 
-from ...profile_doc import keep, slim
+from ...profiling.export import keep, slim
 from . import archive
 from .archive import LIVE, MAXSEQ, Pos, before_ms, parse_id
 

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .profile_doc import gpu_id, split_gpu_id
+from .export import gpu_id, split_gpu_id
 
 GB = 1e9
 LIST_KEYS = ("gpu_id", "gpu_util", "gpu_memory")
