@@ -60,6 +60,7 @@ def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
     from .api import BLUEPRINTS
     from .api.auth import init_auth
     from .api.limits import limit_json_depth
+    from .api.original import bp as original_paths
     from .api.strict import refuse_unknown_input, strict_query_strings
     from .dashboard import bp as dashboard
     from .errors import register_error_handlers
@@ -89,6 +90,7 @@ def create_app(config: Settings | dict[str, Any] | None = None) -> Flask:
         api.register_blueprint(blp)
     refuse_unknown_input(app, {blp.name for blp in BLUEPRINTS})
     app.register_blueprint(dashboard)
+    app.register_blueprint(original_paths)  # after the workflows blueprint: its aliases name that one's views
     from .api.events import init_events
     from .control.events import install as publish_changes
 

@@ -262,8 +262,8 @@ def walk_commands(cmd: Any, name: str, parent: Any = None) -> Iterator[tuple[Any
 
 def cli_programs() -> list[tuple[str, Any]]:
     from gswarm_web.cli import main as gswarm
-    from gswarm_web.cli.gsmodel import main as gsmodel
-    from gswarm_web.cli.gsprof import main as gsprof
+    from gswarm_web.cli.original.gsmodel import main as gsmodel
+    from gswarm_web.cli.original.gsprof import main as gsprof
 
     return [("gswarm", gswarm), ("gsprof", gsprof), ("gsmodel", gsmodel)]
 

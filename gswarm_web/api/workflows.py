@@ -234,14 +234,3 @@ class WorkflowCancel(MethodView):
         db.session.commit()
         send_recorded()  # the stops of serve steps that may have started their servers
         return run
-
-
-@blp.record_once
-def _original_job_paths(state: Any) -> None:
-    """The original gsmodel's job paths, as aliases of the workflow ones (same views, same checks): `POST /jobs`
-    (YAML or JSON), `POST /jobs/from-yaml` (a multipart `file`), `GET /jobs`, `GET /jobs/{id}/status`."""
-    add = state.app.add_url_rule
-    add("/api/v1/jobs", endpoint="workflows.Workflows", methods=["GET", "POST"])
-    add("/api/v1/jobs/from-yaml", endpoint="workflows.Workflows", methods=["POST"])
-    add("/api/v1/jobs/<string:workflow_id>", endpoint="workflows.WorkflowById", methods=["GET"])
-    add("/api/v1/jobs/<string:workflow_id>/status", endpoint="workflows.WorkflowById", methods=["GET"])

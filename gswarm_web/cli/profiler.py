@@ -1,4 +1,4 @@
-"""`gswarm profiler ...`: sessions over the fleet's frames (the original `gsprof` commands, see gsprof.py)."""
+"""`gswarm profiler ...`: sessions over the fleet's frames (the original `gsprof` commands, see original/gsprof.py)."""
 
 from __future__ import annotations
 
@@ -245,7 +245,7 @@ def export(name: str, output: str | None, layout: str, start: str | None, end: s
 @click.option("--plot", "plot", required=True, type=click.Path(dir_okay=False), help="OUT.pdf or OUT.png")
 def analyze(data: str, plot: str) -> None:
     """Summarize an exported session (gswarm's layout or the original's) and plot it (offline; no API needed)."""
-    from gswarm_web.plots import render
+    from gswarm_web.profiling.plots import render
 
     try:
         doc, layout = read_export(Path(data))

@@ -19,12 +19,12 @@ import pytest
 import redis
 
 from gswarm_tasks import names
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
-from tests.original_data import original_frames, write_model_data, write_profiler_data
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.original_data import original_frames, write_model_data, write_profiler_data
+from tests.harness.procs import wait_for
 
 GSWARM = [str(Path(sys.executable).with_name("gswarm"))]
-GSPROF = [sys.executable, "-m", "gswarm_web.cli.gsprof"]
+GSPROF = [sys.executable, "-m", "gswarm_web.cli.original.gsprof"]
 CAP = 60
 
 

@@ -13,12 +13,12 @@ from click.testing import CliRunner
 
 from gswarm_tasks.settings import Settings
 from gswarm_web.cli import main
-from gswarm_web.cli.gsmodel import main as gsmodel
 from gswarm_web.cli.join import broker_of
 from gswarm_web.cli.local import claim_run, device_arg, local_node, record_node, release_run, running
+from gswarm_web.cli.original.gsmodel import main as gsmodel
 from gswarm_web.cli.up import free_port
 from gswarm_web.control.nodes.targets import ends, resolve
-from tests.conftest import make_settings
+from tests.harness.app import make_settings
 
 
 @pytest.mark.parametrize(
@@ -173,8 +173,8 @@ def test_original_status_words_and_flags_exist() -> None:
 
 def test_the_cli_finds_the_api_of_the_gswarm_running_under_its_home(tmp_path: Path) -> None:
     from gswarm_web.cli.client import ApiClient
-    from gswarm_web.cli.gsprof import main as gsprof
     from gswarm_web.cli.local import update_run
+    from gswarm_web.cli.original.gsprof import main as gsprof
 
     s = settings_here(tmp_path)
     home = Path(s.home)

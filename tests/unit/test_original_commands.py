@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from gswarm_web.cli import main as gswarm
-from gswarm_web.cli.gsmodel import MAPPED
-from gswarm_web.cli.gsmodel import main as gsmodel
-from gswarm_web.cli.gsprof import main as gsprof
+from gswarm_web.cli.original.gsmodel import MAPPED
+from gswarm_web.cli.original.gsmodel import main as gsmodel
+from gswarm_web.cli.original.gsprof import main as gsprof
 
 GSWARM = [
     # README: Quick Start

@@ -18,13 +18,13 @@ import click
 
 from gswarm_tasks.settings import load_settings
 
-from . import GswarmGroup
-from .local import broker_port, running
-from .profiler import analyze as _analyze
-from .profiler import recover as _recover
-from .profiler import start as _start
-from .profiler import status as _status
-from .profiler import stop as _stop
+from .. import GswarmGroup
+from ..local import broker_port, running
+from ..profiler import analyze as _analyze
+from ..profiler import recover as _recover
+from ..profiler import start as _start
+from ..profiler import status as _status
+from ..profiler import stop as _stop
 
 
 def _moved(now: str) -> None:

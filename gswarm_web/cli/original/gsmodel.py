@@ -44,7 +44,7 @@ def _forward(verb: str, target: tuple[str, ...]) -> None:
     @main.command(verb, context_settings=FORWARD, help=f"`gswarm {' '.join(target)}` with the same arguments.")
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     def forwarded(args: tuple[str, ...]) -> None:
-        from . import main as gswarm
+        from .. import main as gswarm
 
         rest = list(args)
         if verb == "example" and not any(a == "--output" or a.startswith("--output=") for a in rest):
