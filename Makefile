@@ -63,7 +63,7 @@ services:
 	@scripts/services.sh
 
 # The suite in two parts: most modules in parallel (a module per worker, each worker with a Redis of its own:
-# tests/integration/worker_redis.py), then the `serial` ones alone (fixed ports, a whole `gswarm up`, a browser,
+# tests/harness/worker_redis.py), then the `serial` ones alone (fixed ports, a whole `gswarm up`, a browser,
 # timings). PYTEST_WORKERS=0 runs everything in one process.
 PYTEST_WORKERS ?= 3
 test: dev services

@@ -48,8 +48,8 @@ from bench.common import up_web_argv  # noqa: E402
 from gswarm_tasks import names  # noqa: E402
 from gswarm_tasks.node.heartbeat import node_info  # noqa: E402
 from gswarm_web.cli.up import free_port  # noqa: E402
-from tests.integration.fleet import Fleet  # noqa: E402
-from tests.integration.procs import wait_for  # noqa: E402
+from tests.harness.fleet import Fleet  # noqa: E402
+from tests.harness.procs import wait_for  # noqa: E402
 
 REDIS_DB = 12
 SIM_NODES = 200

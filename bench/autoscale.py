@@ -42,8 +42,8 @@ from bench.common import Profiles, Row  # noqa: E402
 from bench.gateway import free_port, latency, pct, running, service, start_api, throughput  # noqa: E402
 from gswarm_tasks.serving.engines import key_headers  # noqa: E402
 from gswarm_tasks.serving.keys import key_for  # noqa: E402
-from tests.integration.fleet import Fleet  # noqa: E402
-from tests.integration.procs import wait_for  # noqa: E402
+from tests.harness.fleet import Fleet  # noqa: E402
+from tests.harness.procs import wait_for  # noqa: E402
 
 FIXED, SCALED = "minilm", "minilm-auto"  # bench.gateway's BODY names `minilm`: the fixed service's model
 TEXTS = ["a small request"]

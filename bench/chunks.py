@@ -42,9 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import Profiles, up_web_argv  # noqa: E402
-from tests.integration.fleet import Fleet  # noqa: E402
-from tests.integration.local_up import start_up  # noqa: E402
-from tests.integration.procs import Proc, wait_for  # noqa: E402
+from tests.harness.fleet import Fleet  # noqa: E402
+from tests.harness.local_up import start_up  # noqa: E402
+from tests.harness.procs import Proc, wait_for  # noqa: E402
 
 CASES = ("batch", "single", "latency")
 REDIS_DB = 3

@@ -53,9 +53,9 @@ from bench.autoscale import own_redis  # noqa: E402
 from bench.common import Row  # noqa: E402
 from bench.gateway import service, start_api  # noqa: E402
 from gswarm_tasks.serving.keys import key_for  # noqa: E402
-from tests.hfserver import HfTestServer  # noqa: E402
-from tests.integration.fleet import Fleet  # noqa: E402
-from tests.integration.procs import wait_for  # noqa: E402
+from tests.harness.fleet import Fleet  # noqa: E402
+from tests.harness.hfserver import HfTestServer  # noqa: E402
+from tests.harness.procs import wait_for  # noqa: E402
 
 ENGINES = Path(os.environ.get("GSWARM_ENGINES_DIR", Path.home() / ".cache" / "gswarm" / "engines"))
 MINILM = ENGINES / "models" / "all-MiniLM-L6-v2"

@@ -37,8 +37,8 @@ from bench.api_load import Gunicorn, wrk  # noqa: E402
 from bench.common import Profiles, Row, cpu_seconds, up_web_argv  # noqa: E402
 from gswarm_tasks import names  # noqa: E402
 from gswarm_web.cli.up import free_port  # noqa: E402
-from tests.integration.fleet import Fleet  # noqa: E402
-from tests.integration.procs import wait_for  # noqa: E402
+from tests.harness.fleet import Fleet  # noqa: E402
+from tests.harness.procs import wait_for  # noqa: E402
 
 CASES = ("cpu", "nodes", "metrics", "page", "workflow")
 REDIS_DB = 14

@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 from bench.common import up_web_argv  # noqa: E402
 from gswarm_tasks.serving.engines import key_headers  # noqa: E402
 from gswarm_tasks.serving.keys import key_for  # noqa: E402
-from tests.integration.fleet import Fleet  # noqa: E402
-from tests.integration.procs import Proc, wait_for  # noqa: E402
+from tests.harness.fleet import Fleet  # noqa: E402
+from tests.harness.procs import Proc, wait_for  # noqa: E402
 
 HEARTBEAT_TIMEOUT_S = 4.0
 BODY = {"model": "minilm", "input": ["a small request"]}

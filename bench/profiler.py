@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 from bench.common import cpu_seconds  # noqa: E402
 from gswarm_tasks.names import CONTROL_GROUP, METRICS_LATEST_KEY, frames_stream  # noqa: E402
 from gswarm_tasks.profiling.nvml import FakeGpuSource  # noqa: E402
-from tests.integration.fleet import Fleet  # noqa: E402
-from tests.integration.procs import wait_for  # noqa: E402
+from tests.harness.fleet import Fleet  # noqa: E402
+from tests.harness.procs import wait_for  # noqa: E402
 
 SAMPLER_PROBE = """
 import sys, time, psutil, redis
@@ -50,7 +50,7 @@ print((c1.user + c1.system - c0.user - c0.system) / (t1 - t0) * 100)
 
 
 def sampler_costs(redis_url: str, tmp: Path, seconds: float) -> dict[str, object]:
-    from tests.nvml_mock import build_library, device, library_env, write_config
+    from tests.harness.nvml_mock import build_library, device, library_env, write_config
 
     lib = build_library(tmp / "nvml-mock")
     config = tmp / "nvml.json"

@@ -55,8 +55,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import Profiles, cpu_seconds  # noqa: E402
-from tests.integration.fleet import Fleet, sha256  # noqa: E402
-from tests.integration.procs import wait_for  # noqa: E402
+from tests.harness.fleet import Fleet, sha256  # noqa: E402
+from tests.harness.procs import wait_for  # noqa: E402
 
 BENCHES = ("models", "chunks", "small", "compression")
 

@@ -36,8 +36,8 @@ from celery import chain, group  # noqa: E402
 from bench.common import Profiles, Row  # noqa: E402
 from gswarm_tasks import names  # noqa: E402
 from gswarm_tasks.celery_app import make_celery  # noqa: E402
-from tests.integration.fleet import Fleet  # noqa: E402
-from tests.integration.procs import wait_for  # noqa: E402
+from tests.harness.fleet import Fleet  # noqa: E402
+from tests.harness.procs import wait_for  # noqa: E402
 
 CASES = ("group", "chain", "dag", "submit")
 REDIS_DB = 3

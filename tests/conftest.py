@@ -9,13 +9,8 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from gswarm_tasks.settings import Settings, load_settings
-
-
-def make_settings(home: Path, **env: str) -> Settings:
-    base = {"GSWARM_HOME": str(home), "GSWARM_CONFIG": ""}
-    base.update(env)
-    return load_settings(base)
+from gswarm_tasks.settings import Settings
+from tests.harness.app import build_app, make_settings
 
 
 @pytest.fixture
@@ -28,14 +23,6 @@ def home(tmp_path: Path) -> Path:
 @pytest.fixture
 def settings(home: Path) -> Settings:
     return make_settings(home, GSWARM_REDIS_URL="redis://127.0.0.1:1/0")
-
-
-def build_app(settings: Settings) -> Flask:
-    from gswarm_web import create_app
-    from gswarm_web.migrate import upgrade
-
-    upgrade(settings.effective_database_url)
-    return create_app(settings)
 
 
 @pytest.fixture
@@ -66,7 +53,3 @@ def read_token(app: Flask) -> str:
     from gswarm_web.api.auth import create_token
 
     return create_token("test-reader", "read-only")
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}

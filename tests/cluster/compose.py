@@ -16,7 +16,7 @@ from typing import Any
 
 import requests
 
-from tests.integration.procs import wait_for
+from tests.harness.procs import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "gswarmcluster"

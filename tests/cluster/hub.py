@@ -1,4 +1,4 @@
-"""The cluster test's hub: tests/hfserver.py on 0.0.0.0:8000 inside the compose network, serving the real MiniLM
+"""The cluster test's hub: tests/harness/hfserver.py on 0.0.0.0:8000 inside the compose network, serving the real MiniLM
 files as `sentence-transformers/all-MiniLM-L6-v2` and a generated blob repo (`gswarm-test/blob`, random bytes) that
 chunks are created from over plain HTTP. Run as `python tests/cluster/hub.py MODEL_DIR BLOB_MIB`."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests import hfserver  # noqa: E402
+from tests.harness import hfserver  # noqa: E402
 
 MODEL_REPO = "sentence-transformers/all-MiniLM-L6-v2"
 BLOB_REPO = "gswarm-test/blob"

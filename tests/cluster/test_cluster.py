@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from tests.cluster.compose import API, FLOWER, MODEL_REPO, Cluster
-from tests.integration.procs import wait_for
+from tests.harness.procs import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 

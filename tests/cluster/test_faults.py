@@ -12,7 +12,7 @@ import pytest
 
 from tests.cluster.compose import Cluster
 from tests.cluster.faults import Ledger, Row
-from tests.integration.procs import wait_for
+from tests.harness.procs import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 

@@ -27,9 +27,9 @@ import pytest
 import requests
 
 from gswarm_web.cli.up import control_plane_specs
-from tests.hfserver import HfTestServer
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import Proc, wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.hfserver import HfTestServer
+from tests.harness.procs import Proc, wait_for
 
 ENGINES = Path(os.environ.get("GSWARM_ENGINES_DIR", Path.home() / ".cache" / "gswarm" / "engines"))
 MINILM = ENGINES / "models" / "all-MiniLM-L6-v2"

@@ -14,14 +14,11 @@ from celery import Celery
 
 from gswarm_tasks.celery_app import make_celery
 from gswarm_tasks.settings import Settings
-from tests.conftest import make_settings
-from tests.integration.procs import Proc, celery_worker
-from tests.integration.worker_redis import worker_redis_port
+from tests.harness.app import make_settings
+from tests.harness.procs import Proc, celery_worker
+from tests.harness.services import PG_ADMIN, REDIS_HOST, REDIS_PORT
 
-REDIS_HOST = os.environ.get("GSWARM_TEST_REDIS_HOST", "127.0.0.1")
-REDIS_PORT = worker_redis_port() or int(os.environ.get("GSWARM_TEST_REDIS_PORT", "6379"))
 REDIS_DB = int(os.environ.get("GSWARM_TEST_REDIS_DB", "11"))
-PG_ADMIN = os.environ.get("GSWARM_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 pytestmark = pytest.mark.integration
 

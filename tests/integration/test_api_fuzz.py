@@ -20,8 +20,8 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance
 from werkzeug.serving import make_server
 
-from tests.conftest import bearer, build_app, make_settings
-from tests.integration.conftest import PG_ADMIN, REDIS_HOST, REDIS_PORT
+from tests.harness.app import bearer, build_app, make_settings
+from tests.harness.services import PG_ADMIN, REDIS_HOST, REDIS_PORT
 
 REDIS_DB = 4
 EXAMPLES_PER_OPERATION = int(os.environ.get("GSWARM_FUZZ_EXAMPLES", "25"))

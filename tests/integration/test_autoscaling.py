@@ -24,10 +24,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from gswarm_tasks.serving.engines import key_headers
 from gswarm_tasks.serving.keys import key_for
 from gswarm_web.cli.up import control_plane_specs
-from tests.conftest import bearer
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import Proc, wait_for
-from tests.integration.tiny_models import tiny_gpt2
+from tests.harness.app import bearer
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import Proc, wait_for
+from tests.harness.tiny_models import tiny_gpt2
 
 pytestmark = pytest.mark.serial  # timings: the load step and the delays would be disturbed by a neighbour
 

@@ -14,8 +14,8 @@ import redis
 
 from gswarm_tasks import names
 from gswarm_tasks.celery_app import make_celery
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import wait_for
 from tests.integration.test_workflows import noop, run, steps, wait_done
 
 HARD_LIMIT_S = 6  # every task's hard time limit in this fleet (GSWARM_QUEUE_TASK_TIMEOUT)

@@ -23,8 +23,8 @@ import requests
 
 from gswarm_tasks import names
 from gswarm_web.cli.up import control_plane_specs, free_port
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import Proc, wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import Proc, wait_for
 
 pytestmark = pytest.mark.serial  # see pyproject.toml: runs alone after the parallel part
 

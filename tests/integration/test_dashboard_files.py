@@ -9,7 +9,7 @@ from pathlib import Path
 from flask.testing import FlaskClient
 
 from gswarm_web.api.auth import create_token
-from tests.conftest import bearer
+from tests.harness.app import bearer
 
 STATIC = Path(__file__).resolve().parents[2] / "gswarm_web" / "dashboard" / "static"
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from gswarm_tasks import names
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import wait_for
 
 DRAM_CAPACITY = 8_000_000
 

@@ -14,8 +14,8 @@ import pytest
 import redis
 
 from gswarm_tasks import names
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import wait_for
 
 INLINE_MAX = 1024
 BATCH_MAX = 20

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import wait_for
 
 GSWARM = str(Path(sys.executable).with_name("gswarm"))
 

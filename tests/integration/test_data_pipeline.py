@@ -17,9 +17,9 @@ import pytest
 
 from gswarm_web.workflows.examples import EXAMPLES
 from gswarm_web.workflows.spec import load_document
-from tests.hfserver import HfTestServer
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.hfserver import HfTestServer
+from tests.harness.procs import wait_for
 
 REPO = "sentence-transformers/all-MiniLM-L6-v2"
 TEXT = ["A cat sits on the mat.", "GPUs multiply matrices quickly.", "Data moves between hosts."]
@@ -150,7 +150,7 @@ def test_multi_stage_pipeline_merges_results_from_two_nodes(fleet: Fleet, model_
 def test_health_check_and_inference_reach_a_replica_by_its_url_and_nothing_else(fleet: Fleet, model_dir: Path) -> None:
     """A literal URL is allowed when it is a replica the control plane knows (what `${serve.service_url}` resolves
     to); any other URL is refused at submission naming the field, and reaches nothing."""
-    from tests.hostile import Recorder
+    from tests.harness.hostile import Recorder
 
     lines = base64.b64encode("\n".join(TEXT).encode()).decode()
     steps = run(

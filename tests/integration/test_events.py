@@ -17,8 +17,8 @@ import requests
 import websocket
 
 from gswarm_web.cli.up import control_plane_specs
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import Proc, wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import Proc, wait_for
 from tests.integration.test_original_workflows import free_port
 from tests.integration.test_slow_clients import nginx_conf
 

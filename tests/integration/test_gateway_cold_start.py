@@ -19,9 +19,9 @@ import pytest
 import requests
 
 from gswarm_web.cli.up import control_plane_specs
-from tests.conftest import bearer
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import Proc, wait_for
+from tests.harness.app import bearer
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import Proc, wait_for
 
 pytestmark = pytest.mark.serial  # see pyproject.toml: runs alone after the parallel part
 

@@ -24,8 +24,8 @@ import requests
 
 from gswarm_tasks import names
 from gswarm_web.cli.up import control_plane_specs
-from tests.conftest import bearer, build_app, make_settings
-from tests.integration.procs import Proc, wait_for
+from tests.harness.app import bearer, build_app, make_settings
+from tests.harness.procs import Proc, wait_for
 
 pytestmark = pytest.mark.serial  # a gunicorn of its own on a port of its own, and a wait on a lease's expiry
 

@@ -16,7 +16,7 @@ import redis
 import requests
 
 from gswarm_web.cli.up import free_port
-from tests.integration.procs import Proc, wait_for
+from tests.harness.procs import Proc, wait_for
 
 pytestmark = pytest.mark.serial  # see pyproject.toml: runs alone after the parallel part
 

@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from gswarm_tasks import names
-from tests.hostile import ALIAS_BOMB, SSRF, Recorder
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.hostile import ALIAS_BOMB, SSRF, Recorder
+from tests.harness.procs import wait_for
 
 
 @pytest.fixture(scope="module")

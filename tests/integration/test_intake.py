@@ -16,8 +16,8 @@ import redis
 
 from gswarm_tasks import names
 from gswarm_tasks.reporting import report
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import wait_for
 
 
 @pytest.fixture(scope="module")

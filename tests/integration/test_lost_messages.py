@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from gswarm_tasks import names
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import wait_for
 
 QUEUE_KEYS = ["node1", *(f"node1:{p}" for p in names.PRIORITY_STEPS if p)]  # kombu's lists of node1's priorities
 

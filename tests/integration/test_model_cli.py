@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.hfserver import HfTestServer
-from tests.integration.fleet import Fleet, running_fleet
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.hfserver import HfTestServer
 
 BIN = Path(sys.executable).parent
 URL = "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.fleet import Fleet, running_fleet
+from tests.harness.fleet import Fleet, running_fleet
 
 
 @pytest.fixture(scope="module")

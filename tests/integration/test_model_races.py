@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
-from tests.integration.races import at_once, call
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import wait_for
+from tests.harness.races import at_once, call
 
 FILES = 300
 

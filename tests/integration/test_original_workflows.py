@@ -23,11 +23,11 @@ import pytest
 
 from gswarm_web.workflows.examples import EXAMPLES, ORDER
 from gswarm_web.workflows.spec import load_document
-from tests.hfserver import HfTestServer
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import Proc, wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.hfserver import HfTestServer
+from tests.harness.procs import Proc, wait_for
+from tests.harness.tiny_models import tiny_gpt2
 from tests.integration.test_data_pipeline import IMAGES, TEXT, close_to, reference
-from tests.integration.tiny_models import tiny_gpt2
 
 pytestmark = pytest.mark.serial  # see pyproject.toml: runs alone after the parallel part
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import requests
 
-from tests.conftest import bearer
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
+from tests.harness.app import bearer
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import wait_for
 
 TEXTS = ["Placement puts a model where its weights are.", "One gateway fronts every replica."]
 

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from gswarm_web.workflows.examples import RUNNABLE
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import wait_for
 
 GIB = 1024**3
 

@@ -16,8 +16,8 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from gswarm_tasks import names
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import wait_for
 
 
 def until(seconds: float) -> None:

@@ -1,6 +1,6 @@
 """The sampling path as it runs on a GPU host: a real node worker -> nvml.py -> nvitop -> libnvidia-ml.so.1, with
-the library replaced by the test's mock (tests/nvml_mock) whose values the test writes and changes while the node
-runs. The node announces the file's GPUs; frames carry its values in gswarm's units; NVLink appears only when a
+the library replaced by the test's mock (tests/harness/nvml_mock) whose values the test writes and changes while the
+node runs. The node announces the file's GPUs; frames carry its values in gswarm's units; NVLink appears only when a
 session asks for it and a link is up; a process holding GPU memory is named; an unsupported reading is absent;
 a library that fails to start gives a node without GPUs and one log line, and the worker keeps running."""
 
@@ -14,9 +14,9 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
-from tests.nvml_mock import CONFIG_ENV, build_library, device, write_config
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.nvml_mock import CONFIG_ENV, build_library, device, write_config
+from tests.harness.procs import wait_for
 
 GIB = 1024**3
 A100 = "NVIDIA A100-SXM4-40GB"

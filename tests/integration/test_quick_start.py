@@ -20,7 +20,7 @@ import requests
 import yaml
 
 from gswarm_web.cli.up import free_port
-from tests.integration.procs import Proc, wait_for
+from tests.harness.procs import Proc, wait_for
 
 pytestmark = pytest.mark.serial  # see pyproject.toml: runs alone after the parallel part
 

@@ -1,7 +1,7 @@
 """Every ```bash block of README.md and docs/getting-started.md, run in order as a new user runs them: in a clone (a
 fresh directory whose `.venv` is this one), with a fresh HOME and so a fresh `~/.gswarm`, against a real `gswarm up`
-that this test starts where the documents say `make up` (tests/integration/local_up.py). Models come from a local
-Hugging Face endpoint (tests/hfserver.py, HF_ENDPOINT) serving the real all-MiniLM-L6-v2 under its hub name.
+that this test starts where the documents say `make up` (tests/harness/local_up.py). Models come from a local
+Hugging Face endpoint (tests/harness/hfserver.py, HF_ENDPOINT) serving the real all-MiniLM-L6-v2 under its hub name.
 
 A block the suite cannot run has an HTML comment just before it, `<!-- not run: REASON -->` (a second host, a GPU,
 Docker, or `make up` itself): it is reported as skipped with that reason. Each block runs in its own `bash` with
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from gswarm_web.cli.up import free_port, port_in_use
-from tests.hfserver import HfTestServer
-from tests.integration.local_up import LocalUp, start_up
+from tests.harness.hfserver import HfTestServer
+from tests.harness.local_up import LocalUp, start_up
 
 pytestmark = pytest.mark.serial  # see pyproject.toml: a whole `gswarm up`, on the documents' port 8091 when free
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import redis
 
-from tests.integration.fleet import Fleet
-from tests.integration.procs import wait_for
+from tests.harness.fleet import Fleet
+from tests.harness.procs import wait_for
 
 
 def _free_port() -> int:

@@ -12,7 +12,7 @@ from celery import Celery
 from gswarm_tasks import names
 from gswarm_tasks.celery_app import send_to_node
 from gswarm_tasks.errors import InvalidRequest
-from tests.integration.procs import wait_for
+from tests.harness.procs import wait_for
 
 
 def test_task_sent_to_node1_never_runs_on_node2(sender: Celery, start_worker: Any) -> None:
@@ -33,7 +33,7 @@ def test_node_task_without_a_node_is_refused() -> None:
 
 
 def test_poison_task_ends_failed_after_the_redelivery_cap(sender: Celery, start_worker: Any, redis_url: str) -> None:
-    worker = start_worker("gswarm_tasks", "nodep", "nodep", extra=["-I", "tests.integration.poison_tasks"])
+    worker = start_worker("gswarm_tasks", "nodep", "nodep", extra=["-I", "tests.harness.poison_tasks"])
     key = f"poison:{uuid.uuid4().hex}"
     result = send_to_node(sender, "nodep", "gswarm.test.poison", args=[key])
     wait_for(lambda: result.state == "FAILURE", 60, "the poison task to end FAILURE")

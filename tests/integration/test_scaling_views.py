@@ -17,8 +17,8 @@ from click.testing import CliRunner, Result
 
 from gswarm_web.cli import main
 from gswarm_web.cli.up import control_plane_specs, free_port
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import Proc, wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import Proc, wait_for
 
 pytestmark = pytest.mark.serial  # a browser, and the API under gunicorn
 

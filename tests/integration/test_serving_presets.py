@@ -18,9 +18,9 @@ from gswarm_tasks import names
 from gswarm_tasks.serving.engines import KEY_HEADER
 from gswarm_web.extensions import db
 from gswarm_web.tables import Service, TaskRecord
-from tests.conftest import bearer
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
+from tests.harness.app import bearer
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import wait_for
 
 PRESETS = ["builtin", "vllm", "sglang", "tgi", "llama.cpp"]
 

@@ -18,8 +18,8 @@ import pytest
 import requests
 
 from gswarm_web.cli.up import control_plane_specs, free_port
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import ROOT, Proc, wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import ROOT, Proc, wait_for
 
 pytestmark = pytest.mark.serial  # see pyproject.toml: runs alone after the parallel part
 

@@ -23,8 +23,8 @@ import pytest
 import requests
 
 from gswarm_tasks.storage import check_tree
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import wait_for
 
 SECONDS = float(os.environ.get("GSWARM_STRESS_SECONDS", "25"))
 RUNS = int(os.environ.get("GSWARM_STRESS_RUNS", "1"))

@@ -18,8 +18,8 @@ import pytest
 import requests
 
 from gswarm_web.cli import guardian
-from tests.integration.local_up import GSWARM, LocalUp, clean_env, descendants_alive, start_up
-from tests.integration.procs import Proc, wait_for
+from tests.harness.local_up import GSWARM, LocalUp, clean_env, descendants_alive, start_up
+from tests.harness.procs import Proc, wait_for
 
 pytestmark = pytest.mark.serial  # whole `gswarm up` / `host start` runs on fixed ports
 

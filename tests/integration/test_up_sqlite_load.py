@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.integration.local_up import LocalUp, start_up
-from tests.integration.procs import wait_for
+from tests.harness.local_up import LocalUp, start_up
+from tests.harness.procs import wait_for
 
 pytestmark = pytest.mark.serial  # a whole `gswarm up` and two busy loops
 

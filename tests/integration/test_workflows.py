@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.fleet import Fleet, running_fleet
-from tests.integration.procs import wait_for
+from tests.harness.fleet import Fleet, running_fleet
+from tests.harness.procs import wait_for
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 
 from gswarm_tasks.errors import ConfigError, InvalidRequest
 from gswarm_tasks.settings import Settings
-from tests.conftest import bearer, build_app, make_settings
+from tests.harness.app import bearer, build_app, make_settings
 
 T31 = "a" * 31
 T32 = "b" * 32

@@ -9,7 +9,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from tests.conftest import bearer
+from tests.harness.app import bearer
 
 
 def assert_error_shape(body: dict[str, Any], code: str) -> dict[str, Any]:
@@ -54,7 +54,7 @@ def test_admin_token_writes(client: FlaskClient, admin_token: str) -> None:
 
 
 def test_fixed_admin_token_from_settings(settings: Any) -> None:
-    from tests.conftest import build_app
+    from tests.harness.app import build_app
 
     app = build_app(settings)
     app.config["GSWARM_ADMIN_TOKEN"] = "fixed-secret-token-of-32-chars-x"

@@ -11,7 +11,7 @@ import pytest
 from gswarm_tasks.context import NodeContext, NodeTiers, private_dir
 from gswarm_tasks.errors import ResourceUnavailable
 from gswarm_tasks.serving.replicas import ServiceRegistry
-from tests.conftest import make_settings
+from tests.harness.app import make_settings
 
 OTHER_UID = 54321
 

@@ -17,7 +17,7 @@ from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from gswarm_tasks import names
-from tests.conftest import bearer
+from tests.harness.app import bearer
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-serving.json"
 # vLLM's own Prometheus names (docs.vllm.ai, "Production Metrics"); gswarm exports each as gswarm:<the same>

@@ -1,4 +1,4 @@
-"""The local Hub endpoint in tests/hfserver.py works with the real huggingface_hub client."""
+"""The local Hub endpoint in tests/harness/hfserver.py works with the real huggingface_hub client."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.file_download import get_hf_file_metadata, hf_hub_url, http_get
 from huggingface_hub.hf_api import RepoFile, RepoFolder
 
-from tests.hfserver import HfTestServer
+from tests.harness.hfserver import HfTestServer
 
 REPO = "sentence-transformers/all-MiniLM-L6-v2"
 TOKEN = "hf_test_secret_token"

@@ -10,7 +10,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gswarm_web.control.sessions.prometheus import MetricsCache, prometheus_text
-from tests.integration.procs import wait_for
+from tests.harness.procs import wait_for
 
 
 def frame(node: str, seq: int, util: float, gpus: int = 2) -> bytes:

@@ -14,7 +14,7 @@ from gswarm_web.api.nodes import NodeSchema
 from gswarm_web.control.nodes.state import apply_heartbeats
 from gswarm_web.extensions import db
 from gswarm_web.tables import Node
-from tests.conftest import bearer
+from tests.harness.app import bearer
 
 
 def entry(ms: int, node: str, **data: Any) -> tuple[bytes, dict[bytes, bytes]]:

@@ -18,7 +18,7 @@ from typing import IO, Any
 import psutil
 import pytest
 
-from tests.nvml_mock import LIBRARY_NAME, build_library, device, library_env, write_config
+from tests.harness.nvml_mock import LIBRARY_NAME, build_library, device, library_env, write_config
 
 REPO = Path(__file__).resolve().parents[2]
 GONE_PID = 4_194_399  # above the kernel's largest possible pid_max (2**22), so no process can have it

@@ -10,7 +10,7 @@ import pytest
 
 from gswarm_tasks.errors import ConfigError
 from gswarm_tasks.settings import load_settings
-from tests.conftest import bearer, build_app
+from tests.harness.app import bearer, build_app
 
 # 000's "Example Configuration", verbatim (less the blank lines' trailing spaces)
 ORIGINAL = """\

@@ -11,7 +11,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from gswarm_tasks import names
-from tests.conftest import bearer
+from tests.harness.app import bearer
 
 HEAD = {"start_time": "2030-01-01T00:00:00+00:00", "end_time": "2030-01-01T00:10:00+00:00", "freq_ms": 1000}
 

@@ -23,7 +23,7 @@ from gswarm_web.profile_original import (
     saved_sessions,
     to_original,
 )
-from tests.original_data import original_frames, write_profiler_data
+from tests.harness.original_data import original_frames, write_profiler_data
 
 HEAD = {"session_name": "s", "start_time": "2030-01-01T00:00:00+00:00", "end_time": None}
 

@@ -12,7 +12,7 @@ from flask.testing import FlaskClient
 from gswarm_web.control.nodes.state import apply_heartbeats, node_status, sweep
 from gswarm_web.extensions import db
 from gswarm_web.tables import Node, NodeGpu
-from tests.conftest import bearer
+from tests.harness.app import bearer
 
 
 def entry(ms: int, node: str, **data: Any) -> tuple[bytes, dict[bytes, bytes]]:

@@ -12,7 +12,7 @@ import yaml
 from flask import Flask
 from flask.testing import FlaskClient
 
-from tests.conftest import bearer
+from tests.harness.app import bearer
 
 DATA = Path(__file__).parent / "scheduling_data"
 

@@ -20,7 +20,7 @@ from gswarm_tasks.serving.replicas import server_env
 from gswarm_tasks.settings import load_settings
 from gswarm_web.extensions import db
 from gswarm_web.tables import Model, Service, TaskRecord
-from tests.conftest import bearer
+from tests.harness.app import bearer
 
 M = Path("/models/llama")
 

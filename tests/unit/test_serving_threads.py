@@ -13,7 +13,7 @@ from gswarm_tasks.serving.launch import server_argv
 from gswarm_tasks.serving.model_server import parse_args
 from gswarm_web.extensions import db
 from gswarm_web.tables import Model
-from tests.conftest import bearer
+from tests.harness.app import bearer
 
 
 def argv(config: dict[str, object], cpu_threads: int = 1) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gswarm_web import sqlite as embedded
-from tests.conftest import bearer
+from tests.harness.app import bearer
 
 TWO_GREENLETS = textwrap.dedent(
     """

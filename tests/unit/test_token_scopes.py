@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flask.testing import FlaskClient
 
-from tests.conftest import bearer
+from tests.harness.app import bearer
 
 
 def test_an_inference_token_scoped_to_models(client: FlaskClient, admin_token: str) -> None:

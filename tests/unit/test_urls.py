@@ -14,7 +14,7 @@ from gswarm_tasks.errors import InvalidRequest
 from gswarm_tasks.models.sources import parse_source
 from gswarm_tasks.settings import Settings
 from gswarm_tasks.urls import Allow, fetch, parse_url, service_ref
-from tests.hostile import SSRF, Recorder
+from tests.harness.hostile import SSRF, Recorder
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from gswarm_web.api.limits import json_depth_over
 from gswarm_web.workflows import spec
 from gswarm_web.workflows.compiler import segments
 from gswarm_web.workflows.spec import load_document, order_and_cycle, reach, validate
-from tests.hostile import ALIAS_BOMB
+from tests.harness.hostile import ALIAS_BOMB
 
 
 def noop(aid: str, *deps: str, **kw: Any) -> dict[str, Any]:

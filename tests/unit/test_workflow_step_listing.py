@@ -12,7 +12,7 @@ from flask.testing import FlaskClient
 from gswarm_web.api.workflows import StepSchema
 from gswarm_web.extensions import db
 from gswarm_web.tables import TaskRecord, WorkflowRun
-from tests.conftest import bearer
+from tests.harness.app import bearer
 
 
 def test_steps_are_the_schemas_dump(app: Flask, client: FlaskClient, admin_token: str) -> None:

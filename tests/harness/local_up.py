@@ -12,7 +12,7 @@ import psutil
 import requests
 
 from gswarm_web.cli.up import free_port
-from tests.integration.procs import Proc, wait_for
+from tests.harness.procs import Proc, wait_for
 
 GSWARM = str(Path(sys.executable).with_name("gswarm"))
 

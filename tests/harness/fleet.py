@@ -19,9 +19,9 @@ import redis
 from flask.testing import FlaskClient
 
 from gswarm_tasks import names
-from tests.conftest import bearer, build_app, make_settings
-from tests.integration.conftest import PG_ADMIN, REDIS_HOST, REDIS_PORT
-from tests.integration.procs import Proc, celery_worker, wait_for
+from tests.harness.app import bearer, build_app, make_settings
+from tests.harness.procs import Proc, celery_worker, wait_for
+from tests.harness.services import PG_ADMIN, REDIS_HOST, REDIS_PORT
 
 
 def sha256(path: Path) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 import requests
 
-from tests.integration.fleet import Fleet
+from tests.harness.fleet import Fleet
 
 
 def call(fleet: Fleet, method: str, path: str, **kw: Any) -> requests.Response:

@@ -1,4 +1,4 @@
-"""Tasks that only tests load into a worker (`-I tests.integration.poison_tasks`)."""
+"""Tasks that only tests load into a worker (`-I tests.harness.poison_tasks`)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
  * answered from a JSON file instead of a GPU. Written against the signatures and struct layouts of NVIDIA's
  * public nvml.h; it includes no NVIDIA header and no third-party code.
  *
- * Build:  cc -shared -fPIC -O2 -pthread -o <dir>/libnvidia-ml.so.1 mock_nvml.c   (tests/nvml_mock: build_library)
+ * Build:  cc -shared -fPIC -O2 -pthread -o <dir>/libnvidia-ml.so.1 mock_nvml.c   (tests/harness/nvml_mock: build_library)
  * Use:    LD_LIBRARY_PATH=<dir> GSWARM_MOCK_NVML_CONFIG=<file.json> <program that loads libnvidia-ml.so.1>
  *
  * The file is stat()ed on every call and parsed again only when its inode, size or mtime changed, so a test can
