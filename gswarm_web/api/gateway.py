@@ -28,8 +28,9 @@ from flask_smorest import Blueprint
 from gswarm_tasks.errors import Forbidden, InvalidRequest, ModelNotFound, NetworkError, NotFound, ResourceUnavailable
 
 from ..control.serving import cold_start, live
+from ..control.serving.attempts import ATTEMPTS, Answered, attempt
 from ..control.serving.stats import Outcome
-from ..control.serving.table import Target, directory, forward
+from ..control.serving.table import Directory, Target, directory
 from ..errors import REQUEST_ID_RE, error_response, request_id
 from .auth import Identity, identity_of
 
@@ -37,7 +38,6 @@ log = logging.getLogger(__name__)
 
 blp = Blueprint("gateway", __name__, url_prefix="/v1", description="OpenAI-compatible gateway to served models")
 
-ATTEMPTS = 3
 RETRY_AFTER_S = 5  # a cold start from DRAM takes seconds (bench/gateway.py); a client comes back about then
 BODY = {"content": {"application/json": {"schema": {"type": "object", "required": ["model"]}}}, "required": True}
 ANSWER = {
@@ -120,25 +120,11 @@ _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _TEXT_EVENT = re.compile(rb'"(?:text|content)":\s*"(?:[^"\\]|\\.)')  # a streamed event that carries text
 
 
-def _first_chunk(resp: Any) -> tuple[Iterator[bytes], bytes] | None:
-    """A stream's first bytes, read before anything is sent to the client (None: the replica failed first)."""
-    chunks = resp.stream(8192, decode_content=False)
-    try:
-        first = next(chunks, b"")
-    except (urllib3.exceptions.HTTPError, OSError):
-        first = b""
-    if not first:
-        resp.release_conn()
-        return None
-    return chunks, first
-
-
-def _stream(
-    resp: Any, target: Target, chunks: Iterator[bytes], first: bytes, t0: float, queue_s: float
-) -> Iterator[bytes]:
+def _stream(d: Directory, answered: Answered, t0: float) -> Iterator[bytes]:
+    resp, target, queue_s = answered.resp, answered.target, answered.queue_s
     ttft, tokens, status = time.monotonic() - t0, 0, resp.status
     try:
-        for chunk in itertools.chain((first,), chunks):
+        for chunk in itertools.chain((answered.first,), answered.rest):
             tokens += len(_TEXT_EVENT.findall(chunk))
             yield chunk
     except (urllib3.exceptions.HTTPError, OSError):
@@ -147,7 +133,7 @@ def _stream(
     finally:
         resp.release_conn()
         outcome = Outcome(status, time.monotonic() - t0, queue_s, ttft, tokens)
-        directory().done(target, outcome, failed=status == 0)
+        d.done(target, outcome, failed=status == 0)
 
 
 def proxy(path: str) -> Response:
@@ -165,51 +151,29 @@ def proxy(path: str) -> Response:
     if d.serves(model, path) is False:
         raise NotFound(f"{path}: not served by the engines of {model!r}", {"field": "model", "path": path})
     headers = {"Content-Type": "application/json", "X-Request-ID": request_id()}
-    tried: set[str] = set()
-    failure, queue_s = "", 0.0
-    while len(tried) < ATTEMPTS:
-        try:
-            target = d.pick(model, tried, path=path)
-            if target is None:
-                target, waited = _queue(model, tried, path)
-                queue_s += waited
-        except Unavailable as exc:
-            busy = error_response(exc.status, exc.code, exc.message, exc.details)
-            busy.headers["Retry-After"] = str(RETRY_AFTER_S)
-            return busy
-        try:
-            resp = forward(target, path, raw, headers, stream)
-        except urllib3.exceptions.HTTPError as exc:
-            failure = f"replica {target.replica_id[:8]}: {type(exc).__name__}"  # its URL is not the caller's to know
-        else:
-            answer = _answer(resp, target, stream, t0, queue_s, len(tried) + 1)
-            if answer is not None:
-                return answer
-            replica = f"replica {target.replica_id[:8]}"
-            failure = f"{replica}: HTTP {resp.status}" if resp.status >= 500 else f"{replica}: no first byte"
-        d.done(target, Outcome(0, time.monotonic() - t0, queue_s), failed=True)
-        tried.add(target.replica_id)
-    raise NetworkError(f"model {model!r}: no replica answered ({failure or 'none is running'})", {"model": model})
+    try:
+        answered = attempt(d, model, path, raw, headers, stream, t0, ATTEMPTS, wait=_queue)
+    except Unavailable as exc:
+        busy = error_response(exc.status, exc.code, exc.message, exc.details)
+        busy.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return busy
+    if isinstance(answered, str):
+        raise NetworkError(f"model {model!r}: no replica answered ({answered or 'none is running'})", {"model": model})
+    return _answer(d, answered, stream, t0)
 
 
-def _answer(resp: Any, target: Target, stream: bool, t0: float, queue_s: float, attempts: int) -> Response | None:
-    """The client's response from a replica's, or None when the replica failed before its first byte."""
-    if resp.status >= 500 or resp.status == 401:  # 401: the replica's key is not the one we hold (a successor)
-        resp.release_conn()
-        return None
+def _answer(d: Directory, answered: Answered, stream: bool, t0: float) -> Response:
+    """The client's response from the answer of the replica that took the request."""
+    resp, target = answered.resp, answered.target
     out = {
         "Content-Type": resp.headers.get("Content-Type", "application/json"),
         "X-Gswarm-Replica": target.replica_id,
-        "X-Gswarm-Attempts": str(attempts),  # > 1: a replica failed and another answered
+        "X-Gswarm-Attempts": str(answered.attempts),  # > 1: a replica failed and another answered
     }
     if stream:
-        started = _first_chunk(resp)
-        if started is None:
-            return None
-        body = _stream(resp, target, started[0], started[1], t0, queue_s)
-        return Response(stream_with_context(body), status=resp.status, headers=out)
+        return Response(stream_with_context(_stream(d, answered, t0)), status=resp.status, headers=out)
     gen, prompt = _tokens(resp.data)
-    directory().done(target, Outcome(resp.status, time.monotonic() - t0, queue_s, None, gen, prompt))
+    d.done(target, Outcome(resp.status, time.monotonic() - t0, answered.queue_s, None, gen, prompt))
     return Response(resp.data, status=resp.status, headers=out)
 
 
@@ -261,25 +225,20 @@ class FastPath:
             return None
         given = environ.get("HTTP_X_REQUEST_ID", "")
         rid = given if REQUEST_ID_RE.match(given) else f"req-{uuid.uuid4().hex[:20]}"
-        d = directory()
         with self.app.app_context():
             ident = identity_of(token.strip()) if self.app.config.get("GSWARM_AUTH", True) else Identity("admin", "-")
             if ident is None or ident.role not in GATEWAY_ROLES or not ident.may_call(model):
                 return None  # the view answers it (401, 403) in the API's shape
+            d = directory()
             real = d.real_name(model)
             if real != model:  # an alias: the engine knows its model by its own name
                 raw, model = json.dumps({**body, "model": real}).encode(), real
-            target = d.pick(model, set(), path=path)
-        if target is None:
+            # one try, no wait: a replica that failed is set aside, and the view retries elsewhere or waits
+            answered = attempt(d, model, path, raw, {"Content-Type": "application/json", "X-Request-ID": rid}, False,
+                               t0, tries=1)  # fmt: skip
+        if isinstance(answered, str):
             return None
-        try:
-            resp = forward(target, path, raw, {"Content-Type": "application/json", "X-Request-ID": rid}, False)
-        except urllib3.exceptions.HTTPError:
-            d.done(target, Outcome(0, time.monotonic() - t0), failed=True)  # quarantined: the view retries elsewhere
-            return None
-        if resp.status >= 500 or resp.status == 401:
-            d.done(target, Outcome(0, time.monotonic() - t0), failed=True)
-            return None
+        resp, target = answered.resp, answered.target
         gen, prompt = _tokens(resp.data)
         headers = [
             ("Content-Type", resp.headers.get("Content-Type", "application/json")),
@@ -288,21 +247,21 @@ class FastPath:
             ("X-Gswarm-Attempts", "1"),
             ("X-Request-ID", rid),
         ]
-        sent = Sent(resp.data, target, Outcome(resp.status, time.monotonic() - t0, 0.0, None, gen, prompt))
+        sent = Sent(d, resp.data, target, Outcome(resp.status, time.monotonic() - t0, 0.0, None, gen, prompt))
         return f"{resp.status} {HTTPStatus(resp.status).phrase}", headers, sent
 
 
 class Sent:
     """A fast-path answer's body: its bookkeeping (counts, measures) runs in `close`, after the server sent it."""
 
-    def __init__(self, data: bytes, target: Target, outcome: Outcome) -> None:
-        self.data, self.target, self.outcome = data, target, outcome
+    def __init__(self, d: Directory, data: bytes, target: Target, outcome: Outcome) -> None:
+        self.d, self.data, self.target, self.outcome = d, data, target, outcome
 
     def __iter__(self) -> Iterator[bytes]:
         return iter((self.data,))
 
     def close(self) -> None:
-        directory().done(self.target, self.outcome)
+        self.d.done(self.target, self.outcome)
 
 
 @blp.route("/models")

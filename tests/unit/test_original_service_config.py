@@ -7,6 +7,7 @@ import pytest
 
 from gswarm_tasks.errors import InvalidRequest
 from gswarm_tasks.serving.engines import DEFAULTS, choose
+from gswarm_tasks.settings import Settings
 from gswarm_web.control.serving.config import engine_config, split_config
 from gswarm_web.control.serving.table import Directory, Target
 
@@ -50,7 +51,7 @@ def test_vllm_takes_the_originals_parameter_names_as_its_own_flags() -> None:
 
 
 def test_round_robin_takes_each_replica_in_turn_and_least_requests_the_idle_one() -> None:
-    d = Directory()
+    d = Directory(None, None, Settings())  # no database read, no Redis: this process's own counts
     targets = [Target(f"r{i}", "s", f"http://10.0.0.{i}:8080") for i in range(3)]
     d.by_model, d.policy = {"m": targets}, {"m": "round_robin"}
     d.in_flight = {"r0": 5}  # round robin pays no attention to what is in flight

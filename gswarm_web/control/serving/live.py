@@ -2,9 +2,10 @@
 waiting per service (least_requests routes on them, the autoscaler scales on them), the replicas being drained, and
 a version that changes whenever a replica starts or stops serving.
 
-A pick is one Lua script, so it is atomic across processes: among the candidates it skips draining replicas (and
-those at the service's `max_in_flight`), takes the one with the fewest requests in flight in the whole gateway
-(ties in turn, by a shared counter), counts the request and answers the replicas' version. Each web process also
+A pick is one Lua script (`pick.PICK`), so it is atomic across processes: among the candidates it skips draining
+replicas (and those at the service's `max_in_flight`), takes the one with the fewest requests in flight in the whole
+gateway (ties in turn, by a shared counter), counts the request and answers the replicas' version. Its rule is
+`pick.choose`'s, which every pick made in Python calls. Each web process also
 keeps its own share under a key of its own while a lease it renews lives: the share of a process that died
 (gunicorn's timeout, SIGKILL) is taken back by `heal`, so a count cannot leak.
 
@@ -39,6 +40,7 @@ from gswarm_tasks import names
 
 from ...extensions import redis_client
 from ...tables import Replica
+from .pick import PICK, choose
 from .stats import DONE
 
 log = logging.getLogger(__name__)
@@ -49,31 +51,6 @@ OUTBOX_MAX = 100_000  # count-outs kept while Redis is away (beyond it the oldes
 RETRY_S = 0.5  # a flush that failed is tried again after this long
 FRESH_S = 0.5  # a local pick trusts the gateway's counts read back this recently (else it asks the script)
 CHANGED = "gswarm_serve_changed"  # session.info key: a replica started or stopped serving in this transaction
-
-PICK = """
-local n = #ARGV - 4
-local version = redis.call('get', KEYS[3]) or '0'
-if n <= 0 then return {false, version} end
-local turn = redis.call('hincrby', KEYS[5], ARGV[1], 1)
-local cap = tonumber(ARGV[3])
-local best, fewest = false, nil
-for i = 0, n - 1 do
-  local r = ARGV[5 + ((turn + i) % n)]
-  if redis.call('sismember', KEYS[2], r) == 0 then
-    local c = tonumber(redis.call('hget', KEYS[1], 'r:' .. r) or '0')
-    if (cap == 0 or c < cap) and (fewest == nil or c < fewest) then
-      best, fewest = r, c
-      if ARGV[2] == 'round_robin' then break end
-    end
-  end
-end
-if best then
-  redis.call('hincrby', KEYS[1], 'r:' .. best, 1)
-  redis.call('hincrby', KEYS[4], 'r:' .. best, 1)
-  redis.call('sadd', KEYS[6], ARGV[4])
-end
-return {best, version}
-"""
 
 HEAL = """
 local gone = 0
@@ -144,25 +121,19 @@ class Share:
         return chosen, version.decode() if isinstance(version, bytes) else str(version)
 
     def pick_local(self, model: str, policy: str, candidates: list[str]) -> tuple[str | None, str] | None:
-        """As `pick` for a service with no `max_in_flight`, from the counts the flusher read back at most FRESH_S
-        ago (None: none that fresh: ask `pick`); the count-in joins the outbox."""
+        """As `pick` for a service with no `max_in_flight` (the same rule: `pick.choose`, with a turn of this
+        process's own), from the counts the flusher read back at most FRESH_S ago (None: none that fresh: ask
+        `pick`); the count-in joins the outbox."""
         self.renew()
         with self.lock:
             if time.monotonic() - self.seen_at > FRESH_S:
                 return None
-            ok = [r for r in candidates if r not in self.seen_draining]
-            if not ok:
-                return None, self.seen_version
             turn = self.turns.get(model, 0)
             self.turns[model] = turn + 1
-            best = ok[turn % len(ok)]
-            if policy != "round_robin":
-                fewest = None
-                for i in range(len(ok)):
-                    r = ok[(turn + i) % len(ok)]
-                    c = self.seen.get("r:" + r, 0) + self.pending.get("r:" + r, 0)
-                    if fewest is None or c < fewest:
-                        best, fewest = r, c
+            counts = {r: self.seen.get("r:" + r, 0) + self.pending.get("r:" + r, 0) for r in candidates}
+            best = choose(candidates, counts, policy, turn, self.seen_draining)
+            if best is None:
+                return None, self.seen_version
             self._queue("r:" + best, 1, [], [])
             return best, self.seen_version
 

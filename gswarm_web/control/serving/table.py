@@ -4,11 +4,11 @@ the replicas' version changes (every pick answers it), when the heartbeat read o
 requests each has in flight in the whole gateway (`control/live.py`: every web process's, in Redis; this
 process's own when Redis is away), and a short quarantine for a replica whose last request failed.
 
-A service chooses how its requests are shared (`config.load_balancing`): `least_requests` (the replica with the
-fewest in flight, ties in turn; the default) or `round_robin` (each replica in turn); `config.timeout` is how
-long a replica has to answer one and `config.max_in_flight` how many requests a replica takes at once (the rest
-wait in the gateway's queue). A replica gets only the routes its engine serves. Requests go over a pool of
-keep-alive connections per replica and web process (a replica that closes each connection, as the built-in
+A service chooses how its requests are shared (`config.load_balancing`, the rule in `pick.py`): `least_requests` (the
+replica with the fewest in flight, ties in turn; the default) or `round_robin` (each replica in turn);
+`config.timeout` is how long a replica has to answer one and `config.max_in_flight` how many requests a replica takes
+at once (the rest wait in the gateway's queue). A replica gets only the routes its engine serves. Requests go over a
+pool of keep-alive connections per replica and web process (a replica that closes each connection, as the built-in
 server's does, costs a connect per request; one to an IP address asks no resolver: under gevent each lookup went
 through a thread pool); a request's model is the `model` of its body.
 """
@@ -16,7 +16,6 @@ through a thread pool); a request's model is the `model` of its body.
 from __future__ import annotations
 
 import ipaddress
-import itertools
 import socket
 import threading
 import time
@@ -26,15 +25,20 @@ from typing import Any
 
 import redis
 import urllib3
+from flask import current_app
+from sqlalchemy import select
+from sqlalchemy.orm import Session, scoped_session
 
 from gswarm_tasks import names
 from gswarm_tasks.serving.engines import OPENAI_ROUTES, key_headers, presets
+from gswarm_tasks.settings import Settings
 
 from ...extensions import db, redis_client, settings
 from ...tables import Model, Node, Replica, Service
 from . import live
 from . import stats as serve_stats
 from .config import LOAD_BALANCING
+from .pick import choose
 from .stats import Outcome, stats_key
 
 REFRESH_S = 1.0  # with no replica in the table: how often it is read again
@@ -114,9 +118,15 @@ class Policy:
 
 
 class Directory:
-    """The replicas the gateway may use, per model name (one per web process)."""
+    """The replicas the gateway may use, per model name (one per app and web process: `directory()`). It reads the
+    tables with `session` (a session, or a scoped one that gives each app context its own), the replicas' version,
+    keys and live counts with `client` (None: this process's own counts only), and the heartbeat timeout and the
+    engines' presets from `settings`."""
 
-    def __init__(self) -> None:
+    def __init__(self, session: Session | scoped_session[Any], client: redis.Redis | None, settings: Settings) -> None:
+        self.session = session
+        self.redis = client
+        self.settings = settings
         self.lock = threading.Lock()
         self.by_model: dict[str, list[Target]] = {}
         self.loaded_at = 0.0
@@ -126,26 +136,23 @@ class Directory:
         self.in_flight: dict[str, int] = {}  # this process's own (routing falls back on it without Redis)
         self.quarantined: dict[str, float] = {}
         self.noted: dict[str, float] = {}
-        self.turn = itertools.count()
         self.policy: dict[str, str] = {}  # model -> load_balancing of its service
         self.limits: dict[str, Policy] = {}
-        self.rounds: dict[str, int] = {}  # model -> the next turn of a round_robin service (without Redis)
+        self.rounds: dict[str, int] = {}  # model -> the turn of its next pick made here (without Redis)
         self.http = replica_http()
         self.known_keys: dict[str, str] = {}
-        self.redis: redis.Redis | None = None  # set at the first refresh (in an app context)
         self.redis_down_until = 0.0
         self.aliases: dict[str, str] = {}  # another name a service answers to -> its model
 
     def refresh(self, force: bool = False) -> None:
         if not force and not self.stale and time.monotonic() < self.due:
             return
-        s = settings()
-        self.redis = self.redis or redis_client()
+        s = self.settings
         now, read_at = datetime.now(UTC), time.monotonic()
         fresh = now - timedelta(seconds=s.heartbeat_timeout_s)
         version = self._version()
-        rows = db.session.execute(
-            db.select(
+        rows = self.session.execute(
+            select(
                 Replica.id,
                 Replica.service_id,
                 Replica.url,
@@ -164,7 +171,7 @@ class Directory:
             )
         ).all()
         aliases = self._read_aliases()
-        db.session.rollback()  # a read: end the transaction (and give its connection back) before Redis
+        self.session.rollback()  # a read: end the transaction (and give its connection back) before Redis
         keys = self.keys()
         offered = presets(s.serve_engines)
         by_model: dict[str, list[Target]] = {}
@@ -195,8 +202,10 @@ class Directory:
 
     def keys(self) -> dict[str, str]:
         """Every replica's service key by URL (as its node recorded it); the last ones read if Redis is away."""
+        if self.redis is None:
+            return self.known_keys
         try:
-            raw: Any = redis_client().hgetall(names.SERVICE_KEYS_KEY)
+            raw: Any = self.redis.hgetall(names.SERVICE_KEYS_KEY)
         except redis.RedisError:
             return self.known_keys
         self.known_keys = {k.decode(): v.decode() for k, v in raw.items()}
@@ -206,8 +215,8 @@ class Directory:
         """Every name the gateway answers to: the served models and their services' aliases."""
         self.refresh()
         served = set(self.by_model) | set(self.aliases)
-        live = db.select(Model.name).join(Service).where(Service.status.not_in(LIVE_SERVICE))
-        served |= set(db.session.scalars(live))
+        live = select(Model.name).join(Service).where(Service.status.not_in(LIVE_SERVICE))
+        served |= set(self.session.scalars(live))
         return sorted(served)
 
     def real_name(self, name: str) -> str:
@@ -216,8 +225,8 @@ class Directory:
         return self.aliases.get(name, name)
 
     def _read_aliases(self) -> dict[str, str]:
-        rows = db.session.execute(
-            db.select(Model.name, Service.config).join(Service).where(Service.status.not_in(LIVE_SERVICE))
+        rows = self.session.execute(
+            select(Model.name, Service.config).join(Service).where(Service.status.not_in(LIVE_SERVICE))
         ).all()
         return {alias: model for model, config in rows for alias in (config or {}).get("aliases") or ()}
 
@@ -265,20 +274,15 @@ class Directory:
         return best
 
     def _pick_local(self, model: str, ok: list[Target], limits: Policy) -> Target | None:
+        """The shared pick's rule (`pick.choose`) on this process's own counts, with a turn of its own."""
         with self.lock:
-            if limits.max_in_flight:
-                ok = [t for t in ok if self.in_flight.get(t.replica_id, 0) < limits.max_in_flight]
-                if not ok:
-                    return None
-            if limits.load_balancing == "round_robin":
-                turn = self.rounds.get(model, 0)
-                self.rounds[model] = turn + 1
-                best = ok[turn % len(ok)]
-            else:
-                fewest = min(self.in_flight.get(t.replica_id, 0) for t in ok)
-                ties = [t for t in ok if self.in_flight.get(t.replica_id, 0) == fewest]
-                best = ties[next(self.turn) % len(ties)]
-            self.in_flight[best.replica_id] = self.in_flight.get(best.replica_id, 0) + 1
+            turn = self.rounds.get(model, 0)
+            self.rounds[model] = turn + 1
+            ids = [t.replica_id for t in ok]
+            chosen = choose(ids, self.in_flight, limits.load_balancing, turn, cap=limits.max_in_flight)
+            best = next((t for t in ok if t.replica_id == chosen), None)
+            if best is not None:
+                self.in_flight[best.replica_id] = self.in_flight.get(best.replica_id, 0) + 1
             return best
 
     def done(self, target: Target, outcome: Outcome | None = None, failed: bool = False) -> None:
@@ -315,25 +319,18 @@ class Directory:
             pass
 
 
-_directory: Directory | None = None
+EXTENSION = "gswarm_directory"  # the app's table, under its `extensions`
 _lock = threading.Lock()
 
 
 def directory() -> Directory:
-    global _directory
-    with _lock:
-        if _directory is None:
-            _directory = Directory()
-        return _directory
-
-
-def forward(target: Target, path: str, body: bytes, headers: dict[str, str], stream: bool) -> Any:
-    """Send one request to a replica; the urllib3 response (not read yet when `stream`)."""
-    return directory().http.request(
-        "POST",
-        target.url.rstrip("/") + path,
-        body=body,
-        headers={**headers, **target.headers},
-        preload_content=not stream,
-        timeout=urllib3.Timeout(connect=2.0, read=target.timeout_s),
-    )
+    """The current app's table, made at its first use in this process with the app's database session (scoped to
+    each app context), Redis client and settings."""
+    extensions = current_app.extensions
+    found: Directory | None = extensions.get(EXTENSION)
+    if found is None:
+        with _lock:
+            found = extensions.get(EXTENSION)
+            if found is None:
+                found = extensions[EXTENSION] = Directory(db.session, redis_client(), settings())
+    return found
