@@ -1,7 +1,7 @@
 """API under load: `wrk` against the read endpoints behind each gunicorn setup, on a fleet of 200 nodes.
 
-The fleet: a real control worker and node worker (Postgres, Redis db 12), 200 simulated nodes heartbeating into
-the real stream every 5 s for the whole run (the control worker records them), and a recorded 1,000-step
+The fleet: a real control worker and node worker (Postgres, a free Redis database), 200 simulated nodes heartbeating
+into the real stream every 5 s for the whole run (the control worker records them), and a recorded 1,000-step
 workflow (noop steps, run to the end on node1). Each setup serves the API with gunicorn from its own command
 line: `gswarm up`'s (taken from `gswarm_web.cli.up`), docker-compose.yml's `web` command, and alternatives
 (worker class, processes x threads). For each: requests/s and latency percentiles from `wrk --latency` for
@@ -51,7 +51,6 @@ from gswarm_web.cli.up import free_port  # noqa: E402
 from tests.harness.fleet import Fleet  # noqa: E402
 from tests.harness.procs import wait_for  # noqa: E402
 
-REDIS_DB = 12
 SIM_NODES = 200
 SIM_INTERVAL_S = 5.0
 STEPS = 1000
@@ -265,7 +264,7 @@ def main() -> int:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
     setups = [s.strip() for s in args.setups.split(",") if s.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="gswarm-bench-api-"))
-    fleet = Fleet(tmp, redis_db=REDIS_DB, extra_env={"GSWARM_LOG_LEVEL": "WARNING"})
+    fleet = Fleet(tmp, extra_env={"GSWARM_LOG_LEVEL": "WARNING"})
     beats: Heartbeats | None = None
     results: dict[str, dict[str, list[dict[str, Any]]]] = {s: {} for s in setups}
     idle_label = f"GET /health, {args.idle} idle sockets"

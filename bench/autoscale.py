@@ -186,7 +186,7 @@ def main() -> int:
         "GSWARM_LOG_LEVEL": "WARNING",
     }
     with own_redis() as redis_url:
-        fleet = Fleet(tmp, redis_db=0, extra_env=env, redis_url=redis_url)
+        fleet = Fleet(tmp, extra_env=env, redis_url=redis_url)
         try:
             return run(fleet, args, model_dir)
         finally:

@@ -47,7 +47,6 @@ from tests.harness.local_up import start_up  # noqa: E402
 from tests.harness.procs import Proc, wait_for  # noqa: E402
 
 CASES = ("batch", "single", "latency")
-REDIS_DB = 3
 SIZE = 4096
 
 
@@ -189,7 +188,7 @@ def main() -> int:
 @contextlib.contextmanager
 def fleet_target(tmp: Path) -> Iterator[tuple[Client, dict[str, int], Any, str]]:
     """Celery workers on Postgres and the API under gunicorn with `gswarm up`'s command line."""
-    fleet = Fleet(tmp, redis_db=REDIS_DB, extra_env={"GSWARM_LOG_LEVEL": "WARNING"})
+    fleet = Fleet(tmp, extra_env={"GSWARM_LOG_LEVEL": "WARNING"})
     try:
         fleet.start("control", "control", app_module="gswarm_web.celery_app")
         fleet.start_node("node1")

@@ -523,7 +523,7 @@ def main() -> int:
             "GSWARM_SERVE_AUTOSCALE_INTERVAL": "0.25",
             "GSWARM_LOG_LEVEL": "WARNING",
         }
-        fleet = Fleet(tmp, redis_db=0, extra_env=env, redis_url=redis_url)
+        fleet = Fleet(tmp, extra_env=env, redis_url=redis_url)
         try:
             gateway = start_fleet(fleet)
             register(fleet, only)

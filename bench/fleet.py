@@ -41,7 +41,6 @@ from tests.harness.fleet import Fleet  # noqa: E402
 from tests.harness.procs import wait_for  # noqa: E402
 
 CASES = ("cpu", "nodes", "metrics", "page", "workflow")
-REDIS_DB = 14
 CHROMIUM = "/usr/bin/chromium"
 # what the fleet page records (fleet.js): navigation to first paint, view start to paint, the first draw alone
 PAGE_TIMES = {"first_paint_ms": "firstPaintMs", "render_ms": "renderMs", "draw_ms": "firstDrawMs"}
@@ -174,7 +173,7 @@ def main() -> int:
     profiles = Profiles(args.profile, "raw")
     tmp = Path(tempfile.mkdtemp(prefix="gswarm-bench-fleet-"))
     env = {"GSWARM_LOG_LEVEL": "WARNING", "GSWARM_HEARTBEAT_INTERVAL": "5", "GSWARM_HEARTBEAT_TIMEOUT": "30"}
-    fleet = Fleet(tmp, redis_db=REDIS_DB, extra_env=env)
+    fleet = Fleet(tmp, extra_env=env)
     rows: list[Row] = []
     sim = server = None
     try:

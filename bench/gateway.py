@@ -243,7 +243,7 @@ def main() -> int:
         "GSWARM_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
         "GSWARM_LOG_LEVEL": "WARNING",
     }
-    fleet = Fleet(tmp, redis_db=13, extra_env=env)
+    fleet = Fleet(tmp, extra_env=env)
     summary: dict[str, Any] = {}
     try:
         fleet.start("control", "control", app_module="gswarm_web.celery_app")

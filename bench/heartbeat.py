@@ -31,6 +31,7 @@ from bench.common import cpu_seconds  # noqa: E402
 from gswarm_tasks import names  # noqa: E402
 from gswarm_tasks.node.heartbeat import node_info  # noqa: E402
 from gswarm_web.migrate import upgrade  # noqa: E402
+from tests.harness.redis_db import claim_redis_db  # noqa: E402
 
 
 def pct(values: list[float], p: float) -> float:
@@ -45,7 +46,7 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between one node's heartbeats")
     ap.add_argument("--duration", type=float, default=30.0, help="measured seconds (after one warm-up interval)")
-    ap.add_argument("--redis", default="redis://127.0.0.1:6379/12")
+    ap.add_argument("--redis", help="a Redis database's URL (default: a free database on the test Redis)")
     ap.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = ap.parse_args()
 
@@ -54,6 +55,10 @@ def main() -> int:
         conn.execute(f'CREATE DATABASE "{dbname}"')
     pg_base = args.pg.rsplit("/", 1)[0]
     db_url = f"{pg_base.replace('postgresql://', 'postgresql+psycopg://', 1)}/{dbname}"
+    claim = None
+    if args.redis is None:
+        claim = claim_redis_db()
+        args.redis = claim.url
     r = redis.Redis.from_url(args.redis)
     r.flushdb()
     home = Path(tempfile.mkdtemp(prefix="gswarm-bench-"))
@@ -178,6 +183,8 @@ def main() -> int:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 os.killpg(worker.pid, signal.SIGKILL)
         r.flushdb()
+        if claim is not None:
+            claim.release()
         with psycopg.connect(args.pg, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 

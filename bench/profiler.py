@@ -124,7 +124,7 @@ def main() -> int:
     ap.add_argument("--spilled", type=int, default=10_000, help="8-GPU frames in the spill file")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gswarm-bench-prof-"))
-    fleet = Fleet(tmp, redis_db=13, extra_env={"GSWARM_LOG_LEVEL": "WARNING", "GSWARM_FAKE_GPUS": "8"})
+    fleet = Fleet(tmp, extra_env={"GSWARM_LOG_LEVEL": "WARNING", "GSWARM_FAKE_GPUS": "8"})
     out: dict[str, object] = {}
     try:
         control = fleet.start("control", "control", app_module="gswarm_web.celery_app")

@@ -585,7 +585,7 @@ def main() -> int:
     env = {"GSWARM_MODELS_ALLOWED_ROOTS": str(src_root), "GSWARM_LOG_LEVEL": "WARNING"}
     if args.streams:
         env["GSWARM_TRANSFER_STREAMS"] = str(args.streams)
-    fleet = Fleet(tmp, redis_db=13, extra_env=env)
+    fleet = Fleet(tmp, extra_env=env)
     summary: dict[str, Any] = {}
     try:
         fleet.start("control", "control", app_module="gswarm_web.celery_app")

@@ -40,7 +40,6 @@ from tests.harness.fleet import Fleet  # noqa: E402
 from tests.harness.procs import wait_for  # noqa: E402
 
 CASES = ("group", "chain", "dag", "submit")
-REDIS_DB = 3
 
 
 def noop(aid: str, *deps: str, **kw: Any) -> dict[str, Any]:
@@ -108,7 +107,7 @@ def main() -> int:
         ap.error(f"--only: choose from {', '.join(CASES)}")
     profiles = Profiles(args.profile, args.profile_format)
     tmp = Path(tempfile.mkdtemp(prefix="gswarm-bench-wf-"))
-    fleet = Fleet(tmp, redis_db=REDIS_DB, extra_env={"GSWARM_LOG_LEVEL": "WARNING"})
+    fleet = Fleet(tmp, extra_env={"GSWARM_LOG_LEVEL": "WARNING"})
     results: dict[str, Any] = {}
     try:
         fleet.start("control", "control", app_module="gswarm_web.celery_app")

@@ -20,6 +20,16 @@ def home(tmp_path: Path) -> Path:
     return h
 
 
+@pytest.fixture(scope="module")
+def redis_db() -> Iterator[int]:
+    """A Redis database of this module's own on the test Redis (tests/harness/redis_db.py): empty when claimed,
+    flushed and released after the module. Fleets claim their own (tests/harness/fleet.py)."""
+    from tests.harness.redis_db import free_redis_db
+
+    with free_redis_db() as db:
+        yield db
+
+
 @pytest.fixture
 def settings(home: Path) -> Settings:
     return make_settings(home, GSWARM_REDIS_URL="redis://127.0.0.1:1/0")

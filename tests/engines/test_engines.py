@@ -58,7 +58,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         env = {"GSWARM_MODELS_ALLOWED_ROOTS": str(MINILM.parent), "HF_ENDPOINT": hf.url,
                "HF_HUB_DISABLE_TELEMETRY": "1", "GSWARM_SERVE_READY_TIMEOUT": str(START_S),
                "GSWARM_QUEUE_TASK_TIMEOUT": "900"}  # fmt: skip
-        with running_fleet(tmp, redis_db=4, nodes=(), extra_env=env) as f:
+        with running_fleet(tmp, nodes=(), extra_env=env) as f:
             f.start_node("node1", GSWARM_SERVE_ENGINE_PATHS=paths)  # vLLM and llama.cpp in their own directories
             f.start_node("node2")  # the built-in server only
             f.start_beat()

@@ -21,7 +21,8 @@ from flask.testing import FlaskClient
 from gswarm_tasks import names
 from tests.harness.app import bearer, build_app, make_settings
 from tests.harness.procs import Proc, celery_worker, wait_for
-from tests.harness.services import PG_ADMIN, REDIS_HOST, REDIS_PORT
+from tests.harness.redis_db import RedisDb, claim_redis_db
+from tests.harness.services import PG_ADMIN
 
 
 def sha256(path: Path) -> str:
@@ -35,9 +36,21 @@ def sha256(path: Path) -> str:
 class Fleet:
     """Processes and an API client; `api()` calls the app like an HTTP client would."""
 
-    def __init__(
-        self, tmp: Path, redis_db: int, extra_env: dict[str, str] | None = None, redis_url: str | None = None
-    ) -> None:
+    def __init__(self, tmp: Path, extra_env: dict[str, str] | None = None, redis_url: str | None = None) -> None:
+        """`redis_url`: a Redis of the caller's own (a server it restarts); without it the fleet claims a free database
+        on the test Redis (redis_db.py) and releases it on close()."""
+        self.redis_claim: RedisDb | None = None
+        if redis_url is None:
+            self.redis_claim = claim_redis_db()
+            redis_url = self.redis_claim.url
+        try:
+            self._setup(tmp, extra_env, redis_url)
+        except BaseException:
+            if self.redis_claim is not None:
+                self.redis_claim.release()
+            raise
+
+    def _setup(self, tmp: Path, extra_env: dict[str, str] | None, redis_url: str) -> None:
         self.tmp = tmp
         self.home = tmp / "home"
         self.home.mkdir(parents=True, exist_ok=True)
@@ -47,7 +60,7 @@ class Fleet:
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.db_name}"')
         base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-        self.redis_url = redis_url or f"redis://{REDIS_HOST}:{REDIS_PORT}/{redis_db}"
+        self.redis_url = redis_url
         redis.Redis.from_url(self.redis_url).flushdb()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("GSWARM_")}
         defaults = dict(
@@ -161,33 +174,38 @@ class Fleet:
         return task
 
     def close(self) -> None:
-        if getattr(self, "http", None) is not None:
-            self.http.shutdown()
-        for p in reversed(list(self.procs.values())):
-            p.stop()
-        from gswarm_tasks.serving.replicas import ServiceRegistry
+        try:
+            if getattr(self, "http", None) is not None:
+                self.http.shutdown()
+            for p in reversed(list(self.procs.values())):
+                p.stop()
+            from gswarm_tasks.serving.replicas import ServiceRegistry
 
-        for node in ("node1", "node2"):  # model servers outlive workers by design; not tests
-            reg = ServiceRegistry(self.storage(node))
-            for entry in reg.entries():
-                reg.stop(entry["service_id"], timeout_s=5)
-        from gswarm_web.extensions import db
+            for node in ("node1", "node2"):  # model servers outlive workers by design; not tests
+                reg = ServiceRegistry(self.storage(node))
+                for entry in reg.entries():
+                    reg.stop(entry["service_id"], timeout_s=5)
+            from gswarm_web.extensions import db
 
-        db.session.remove()
-        db.engine.dispose()
-        self.ctx.pop()
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
-        shutil.rmtree(self.dram_base, ignore_errors=True)
-        redis.Redis.from_url(self.redis_url).flushdb()
+            db.session.remove()
+            db.engine.dispose()
+            self.ctx.pop()
+            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+            shutil.rmtree(self.dram_base, ignore_errors=True)
+            redis.Redis.from_url(self.redis_url).flushdb()
+        finally:
+            if self.redis_claim is not None:
+                self.redis_claim.release()
 
 
 @contextmanager
 def running_fleet(
-    tmp: Path, redis_db: int, nodes: tuple[str, ...] = ("node1", "node2"), extra_env: dict[str, str] | None = None
+    tmp: Path, nodes: tuple[str, ...] = ("node1", "node2"), extra_env: dict[str, str] | None = None
 ) -> Iterator[Fleet]:
-    """A fleet with its control worker and node workers up, closed afterwards whatever happened."""
-    f = Fleet(tmp, redis_db=redis_db, extra_env=extra_env)
+    """A fleet (on a Redis database of its own) with its control worker and node workers up, closed afterwards
+    whatever happened."""
+    f = Fleet(tmp, extra_env=extra_env)
     try:
         f.start("control", "control", app_module="gswarm_web.celery_app")
         for node in nodes:

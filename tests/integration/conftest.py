@@ -9,26 +9,23 @@ from pathlib import Path
 
 import psycopg
 import pytest
-import redis
 from celery import Celery
 
 from gswarm_tasks.celery_app import make_celery
 from gswarm_tasks.settings import Settings
 from tests.harness.app import make_settings
 from tests.harness.procs import Proc, celery_worker
+from tests.harness.redis_db import free_redis_db
 from tests.harness.services import PG_ADMIN, REDIS_HOST, REDIS_PORT
-
-REDIS_DB = int(os.environ.get("GSWARM_TEST_REDIS_DB", "11"))
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def redis_url() -> Iterator[str]:
-    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=REDIS_DB)
-    client.flushdb()
-    yield f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_DB}"
-    client.flushdb()
+    """A Redis database of this test's own (tests/harness/redis_db.py), empty, flushed and released after it."""
+    with free_redis_db() as db:
+        yield f"redis://{REDIS_HOST}:{REDIS_PORT}/{db}"
 
 
 @pytest.fixture

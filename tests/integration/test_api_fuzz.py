@@ -13,7 +13,6 @@ from typing import Any
 
 import psycopg
 import pytest
-import redis
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import not_a_server_error
@@ -23,19 +22,17 @@ from werkzeug.serving import make_server
 from tests.harness.app import bearer, build_app, make_settings
 from tests.harness.services import PG_ADMIN, REDIS_HOST, REDIS_PORT
 
-REDIS_DB = 4
 EXAMPLES_PER_OPERATION = int(os.environ.get("GSWARM_FUZZ_EXAMPLES", "25"))
 
 
 @pytest.fixture(scope="module")
-def live_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def live_api(tmp_path_factory: pytest.TempPathFactory, redis_db: int) -> Iterator[tuple[str, str]]:
     """The real app over real HTTP, on a fresh Postgres database; (base URL, admin token)."""
     name = f"gswarm_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    redis_url = f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_DB}"
-    redis.Redis.from_url(redis_url).flushdb()
+    redis_url = f"redis://{REDIS_HOST}:{REDIS_PORT}/{redis_db}"
     home = Path(tmp_path_factory.mktemp("fuzz"))
     s = make_settings(home, GSWARM_DATABASE_URL=f"{base}/{name}", GSWARM_REDIS_URL=redis_url)
     app = build_app(s)
@@ -55,7 +52,6 @@ def live_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
             db.engine.dispose()
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        redis.Redis.from_url(redis_url).flushdb()
 
 
 MODES = (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE)

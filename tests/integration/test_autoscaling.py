@@ -52,7 +52,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "GSWARM_HEARTBEAT_TIMEOUT": "4",
         "GSWARM_SERVE_AUTOSCALE_INTERVAL": "0.25",
     }
-    with running_fleet(tmp, redis_db=7, extra_env=env) as f:
+    with running_fleet(tmp, extra_env=env) as f:
         f.start_beat()
         port = _free_port()
         web = next(s for s in control_plane_specs(f.settings, f.env, "127.0.0.1", port) if s.name == "web")

@@ -24,7 +24,7 @@ HARD_LIMIT_S = 6  # every task's hard time limit in this fleet (GSWARM_QUEUE_TAS
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     env = {"GSWARM_QUEUE_TASK_TIMEOUT": str(HARD_LIMIT_S)}
-    with running_fleet(tmp_path_factory.mktemp("inline"), redis_db=12, extra_env=env) as f:
+    with running_fleet(tmp_path_factory.mktemp("inline"), extra_env=env) as f:
         yield f
 
 

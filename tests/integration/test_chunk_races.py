@@ -18,9 +18,7 @@ from tests.harness.races import at_once, call
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(
-        tmp_path_factory.mktemp("chunk-races"), redis_db=0, extra_env={"GSWARM_DATA_INTERMEDIATE_TTL": "1"}
-    ) as f:
+    with running_fleet(tmp_path_factory.mktemp("chunk-races"), extra_env={"GSWARM_DATA_INTERMEDIATE_TTL": "1"}) as f:
         f.base_url = f.serve_http()  # type: ignore[attr-defined]
         yield f
 

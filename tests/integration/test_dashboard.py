@@ -86,7 +86,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     (tiny / "config.json").write_text('{"model_type": "tiny"}')
     (tiny / "weights.bin").write_bytes(os.urandom(4 << 20))
     env = {"GSWARM_FAKE_GPUS": "2", "GSWARM_MODELS_ALLOWED_ROOTS": str(tiny.parent)}
-    with running_fleet(tmp, redis_db=1, extra_env=env) as f:
+    with running_fleet(tmp, extra_env=env) as f:
         f.tiny_model = tiny  # type: ignore[attr-defined]
         # the API as `gswarm up` serves it (its own gunicorn command line), in a process of its own
         port = free_port()

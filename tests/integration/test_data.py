@@ -58,7 +58,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, web_root: tuple[Path, int]) 
     (tmp / "allowed").mkdir()
     with running_fleet(
         tmp,
-        redis_db=9,
         extra_env={
             "GSWARM_MODELS_ALLOWED_ROOTS": str(tmp / "allowed"),
             "GSWARM_DATA_ALLOWED_HOSTS": f"127.0.0.1:{web_root[1]}",

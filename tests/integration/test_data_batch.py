@@ -29,7 +29,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "GSWARM_DATA_BATCH_MAX_COUNT": str(BATCH_MAX),
         "GSWARM_DATA_MAX_INLINE": str(MAX_INLINE),
     }
-    with running_fleet(tmp_path_factory.mktemp("batch"), redis_db=2, nodes=("node1",), extra_env=env) as f:
+    with running_fleet(tmp_path_factory.mktemp("batch"), nodes=("node1",), extra_env=env) as f:
         yield f
 
 

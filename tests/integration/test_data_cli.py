@@ -24,7 +24,7 @@ GSWARM = str(Path(sys.executable).with_name("gswarm"))
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("data_cli")
     (tmp / "allowed").mkdir()
-    with running_fleet(tmp, redis_db=7, extra_env={"GSWARM_MODELS_ALLOWED_ROOTS": str(tmp / "allowed")}) as f:
+    with running_fleet(tmp, extra_env={"GSWARM_MODELS_ALLOWED_ROOTS": str(tmp / "allowed")}) as f:
         yield f
 
 

@@ -40,7 +40,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
     with HfTestServer({REPO: model_dir}) as hf:
         with running_fleet(
             tmp,
-            redis_db=8,
             extra_env={
                 "HF_ENDPOINT": hf.url,
                 "HF_HUB_DISABLE_TELEMETRY": "1",

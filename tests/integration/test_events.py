@@ -27,7 +27,7 @@ pytestmark = pytest.mark.serial  # see pyproject.toml: runs alone after the para
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(tmp_path_factory.mktemp("events"), redis_db=10, nodes=("node1",)) as f:
+    with running_fleet(tmp_path_factory.mktemp("events"), nodes=("node1",)) as f:
         yield f
 
 

@@ -40,7 +40,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
     # Every request of a burst must arrive while its replica still starts: from the warm starter it is up in about
     # half a second, before a pool of 17 threads on two shared cores has sent them all; from the disk it takes seconds.
     env = {"GSWARM_MODELS_ALLOWED_ROOTS": str(model_dir.parent), "GSWARM_SERVE_WARM_START": "false"}
-    with running_fleet(tmp_path_factory.mktemp("cold"), redis_db=10, nodes=("node1",), extra_env=env) as f:
+    with running_fleet(tmp_path_factory.mktemp("cold"), nodes=("node1",), extra_env=env) as f:
         for name in ("cold-up", "cold-4x2", "cold-gthread-16", "cold-gthread-17", "cold-gevent-17"):
             f.register_and_download(name, f"file://{model_dir}", device="node1:disk")
         yield f

@@ -28,7 +28,7 @@ def internal() -> Iterator[Recorder]:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     env = {"GSWARM_DATA_ALLOWED_HOSTS": "allowed.example"}
-    with running_fleet(tmp_path_factory.mktemp("limits"), redis_db=12, extra_env=env) as f:
+    with running_fleet(tmp_path_factory.mktemp("limits"), extra_env=env) as f:
         yield f
 
 

@@ -22,7 +22,7 @@ from tests.harness.procs import wait_for
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(tmp_path_factory.mktemp("intake"), redis_db=5, nodes=("node1",)) as f:
+    with running_fleet(tmp_path_factory.mktemp("intake"), nodes=("node1",)) as f:
         yield f
 
 

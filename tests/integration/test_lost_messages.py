@@ -21,7 +21,7 @@ QUEUE_KEYS = ["node1", *(f"node1:{p}" for p in names.PRIORITY_STEPS if p)]  # ko
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(tmp_path_factory.mktemp("lost"), redis_db=0, nodes=("node1",)) as f:
+    with running_fleet(tmp_path_factory.mktemp("lost"), nodes=("node1",)) as f:
         f.start_beat()
         yield f
 

@@ -29,7 +29,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     repos = dict.fromkeys(("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-2-7b-hf"), model_dir)
     with HfTestServer(repos) as hf:
         env = {"HF_ENDPOINT": hf.url, "HF_HUB_DISABLE_TELEMETRY": "1", "GSWARM_MODELS_ALLOWED_ROOTS": str(model_dir)}
-        with running_fleet(tmp_path_factory.mktemp("model-cli"), redis_db=6, extra_env=env) as f:
+        with running_fleet(tmp_path_factory.mktemp("model-cli"), extra_env=env) as f:
             yield f
 
 

@@ -19,7 +19,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         (src / name).mkdir(parents=True)
         (src / name / "w.bin").write_bytes(os.urandom(size))
     env = {"GSWARM_MODELS_ALLOWED_ROOTS": str(src), "GSWARM_MODELS_CACHE_SIZE": str(2 << 20)}
-    with running_fleet(tmp, redis_db=0, nodes=("node1",), extra_env=env) as f:
+    with running_fleet(tmp, nodes=("node1",), extra_env=env) as f:
         f.src = src  # type: ignore[attr-defined]
         yield f
 

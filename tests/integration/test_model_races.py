@@ -38,7 +38,7 @@ def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     env = {"GSWARM_MODELS_ALLOWED_ROOTS": str(model_src.parent)}
     if request.param == "sqlite":
         env["GSWARM_DATABASE_URL"] = f"sqlite:///{tmp / 'gswarm.db'}"
-    with running_fleet(tmp, redis_db=0, extra_env=env) as f:
+    with running_fleet(tmp, extra_env=env) as f:
         f.base_url = f.serve_http()  # type: ignore[attr-defined]
         f.register_and_download("many", f"file://{model_src}")
         yield f

@@ -40,7 +40,6 @@ def hf(model_dir: Path) -> Iterator[HfTestServer]:
 def fleet(tmp_path_factory: pytest.TempPathFactory, hf: HfTestServer, model_dir: Path) -> Iterator[Fleet]:
     with running_fleet(
         tmp_path_factory.mktemp("fleet"),
-        redis_db=12,
         extra_env={
             "HF_ENDPOINT": hf.url,
             "HF_HUB_DISABLE_TELEMETRY": "1",

@@ -36,7 +36,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
     tmp = tmp_path_factory.mktemp("original-rest")
     (tmp / "allowed").mkdir()
     env = {"GSWARM_MODELS_ALLOWED_ROOTS": f"{model_dir.parent}:{tmp / 'allowed'}", "GSWARM_OFFLINE_AFTER": "8"}
-    f = Fleet(tmp, redis_db=13, extra_env=env)
+    f = Fleet(tmp, extra_env=env)
     try:
         f.start("control", "control", app_module="gswarm_web.celery_app")
         f.start_node("node1")

@@ -33,7 +33,7 @@ def model_dir() -> Path:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Fleet]:
     env = {"GSWARM_MODELS_ALLOWED_ROOTS": str(model_dir.parent), "GSWARM_HEARTBEAT_TIMEOUT": "4"}
-    with running_fleet(tmp_path_factory.mktemp("placement"), redis_db=6, extra_env=env) as f:
+    with running_fleet(tmp_path_factory.mktemp("placement"), extra_env=env) as f:
         f.start_beat()
         f.base_url = f.serve_http()  # type: ignore[attr-defined]
         yield f

@@ -20,7 +20,7 @@ GIB = 1024**3
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """node1: two 16 GiB GPUs; node2: one 4 GiB GPU (fake GPUs use 10-50% of their memory)."""
-    with running_fleet(tmp_path_factory.mktemp("gpus"), redis_db=15, nodes=()) as f:
+    with running_fleet(tmp_path_factory.mktemp("gpus"), nodes=()) as f:
         f.start_node("node1", GSWARM_FAKE_GPUS="2", GSWARM_FAKE_GPU_MEMORY=str(16 * GIB))
         f.start_node("node2", GSWARM_FAKE_GPUS="1", GSWARM_FAKE_GPU_MEMORY=str(4 * GIB))
         wait_for(lambda: f.get("/scheduling/fleet")[1]["gpus"] == 3, 30, "three GPUs announced")

@@ -30,7 +30,6 @@ def until(seconds: float) -> None:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with running_fleet(
         tmp_path_factory.mktemp("prof"),
-        redis_db=10,
         # A bound the longer session of the export test exceeds: frames of node1 carry 2 GPUs, 3 readings a frame.
         extra_env={"GSWARM_FAKE_GPUS": "2", "GSWARM_PROFILING_EXPORT_MAX_READINGS": "240"},
         nodes=("node1",),
@@ -182,7 +181,7 @@ def test_a_redis_outage_leaves_no_gap_in_the_frames(tmp_path: Path) -> None:
     server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     wait_for(lambda: redis.Redis.from_url(url).ping(), 10, "the dedicated redis")
-    f = Fleet(tmp_path / "fleet", redis_db=0, redis_url=url, extra_env={"GSWARM_FAKE_GPUS": "1"})
+    f = Fleet(tmp_path / "fleet", redis_url=url, extra_env={"GSWARM_FAKE_GPUS": "1"})
     try:
         f.start("control", "control", app_module="gswarm_web.celery_app")
         f.start_node("node1")
@@ -237,7 +236,7 @@ def test_frames_of_an_outage_survive_a_node_restart_and_arrive_once_in_order(tmp
     server = _redis_server(port, tmp_path / "redis")
     url = f"redis://127.0.0.1:{port}/0"
     wait_for(lambda: redis.Redis.from_url(url).ping(), 10, "the dedicated redis")
-    f = Fleet(tmp_path / "fleet", redis_db=0, redis_url=url, extra_env={"GSWARM_FAKE_GPUS": "1"})
+    f = Fleet(tmp_path / "fleet", redis_url=url, extra_env={"GSWARM_FAKE_GPUS": "1"})
     try:
         f.start("control", "control", app_module="gswarm_web.celery_app")
         f.start_node("node1")

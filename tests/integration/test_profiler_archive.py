@@ -37,7 +37,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "GSWARM_PROFILING_ARCHIVE_SEGMENT_FRAMES": "25",
         "GSWARM_PROFILING_EXPORT_MAX_READINGS": "600",
     }
-    with running_fleet(tmp_path_factory.mktemp("archive"), redis_db=12, extra_env=env) as f:
+    with running_fleet(tmp_path_factory.mktemp("archive"), extra_env=env) as f:
         f.cli_env = {**f.env, "GSWARM_API_URL": f.serve_http(), "GSWARM_TOKEN": f.token, "COLUMNS": "250"}  # type: ignore[attr-defined]
         yield f
 

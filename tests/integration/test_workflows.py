@@ -17,7 +17,7 @@ from tests.harness.procs import wait_for
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(tmp_path_factory.mktemp("wf"), redis_db=14) as f:
+    with running_fleet(tmp_path_factory.mktemp("wf")) as f:
         yield f
 
 
