@@ -112,10 +112,11 @@ def explain(fleet: Fleet, sid: str) -> str:
     """What a failed wait on a service shows: the service as the API has it, the tail of its engines' output and
     of node1's worker log."""
     svc = fleet.get(f"/services/{sid}")[1]
-    engine_log = fleet.storage("node1") / "services" / f"{sid}.log"
-    tail = engine_log.read_text(errors="replace")[-6000:] if engine_log.exists() else "(no engine log)"
-    worker = fleet.procs["node1"].log()[-4000:] if "node1" in fleet.procs else ""
-    return f"\nservice: {json.dumps(svc, indent=1)}\nengine log tail:\n{tail}\nnode1 log tail:\n{worker}"
+    replicas = {r["id"] for r in svc.get("instances", [])}
+    logs = [p for p in fleet.home.rglob("services/*.log") if p.stem in replicas or p.stem == sid]
+    tails = "".join(f"\n--- {p.name}:\n{p.read_text(errors='replace')[-8000:]}" for p in logs) or "(no engine log)"
+    worker = fleet.procs["node1"].log()[-3000:] if "node1" in fleet.procs else ""
+    return f"\nservice: {json.dumps(svc, indent=1)}\nengine logs:{tails}\nnode1 log tail:\n{worker}"
 
 
 def waited(fleet: Fleet, sid: str, cond: Any, timeout: float, what: str) -> Any:

@@ -134,7 +134,7 @@ def test_a_library_that_fails_to_start_gives_a_node_without_gpus_and_one_log_lin
 
 def test_a_session_on_the_node_without_gpus_records_its_host(fleet: Fleet) -> None:
     """A host-only session: no GPU frames, host frames in the export with a per-node summary, host panels drawn."""
-    from gswarm_web.plots import panels_of
+    from gswarm_web.profiling.plots import panels_of
 
     code, body = fleet.post("/profiler/sessions", {"name": "host", "freq_ms": 200, "nodes": ["node2"]})
     assert code == 201, body

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from gswarm_web.cli import main
-from gswarm_web.cli.gsprof import main as gsprof
+from gswarm_web.cli.original.gsprof import main as gsprof
 from gswarm_web.cli.profiler_files import read_export
-from gswarm_web.profile_original import (
+from gswarm_web.profiling.original import (
     ToOriginal,
     epoch,
     from_original,
