@@ -55,13 +55,17 @@ def server_argv(
 
 def engine_env(preset: Engine, env: dict[str, str], engine_paths: Mapping[str, str], host: str, cpu: bool) -> None:
     """What a preset's server needs in its environment besides the minimal one: its engine's bin/ on the PATH and,
-    for vLLM, the address its processes talk on and, on a CPU, a KV cache that fits beside everything else (a node
-    may set its own VLLM_CPU_KVCACHE_SPACE)."""
+    for vLLM, the address its processes talk on and, on a CPU, a KV cache that fits beside everything else and no
+    thread pinning. vLLM's CPU build pins each server's threads to the same cores (`auto`), so two replicas on one
+    node (a rolling update, a scale-up) share one core and the second one's pinning can wait for ever on a busy
+    core; unpinned, the kernel spreads them. A node may set its own VLLM_CPU_KVCACHE_SPACE and
+    VLLM_CPU_OMP_THREADS_BIND (a core list per replica, or `auto`)."""
     env["PATH"] = search_path(preset.name, engine_paths, env.get("PATH", os.defpath))
     if preset.name == "vllm":
         env["VLLM_HOST_IP"] = host
         if cpu:
             env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
+            env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
 def missing_program(preset: Engine, argv: list[str], env: dict[str, str]) -> str | None:

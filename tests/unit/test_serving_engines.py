@@ -15,7 +15,7 @@ from flask.testing import FlaskClient
 from gswarm_tasks.devices import Device
 from gswarm_tasks.errors import ConfigError, InvalidRequest
 from gswarm_tasks.serving.engines import DEFAULTS, KEY_HEADER, choose, key_headers, presets
-from gswarm_tasks.serving.launch import missing_program, server_argv
+from gswarm_tasks.serving.launch import engine_env, missing_program, server_argv
 from gswarm_tasks.serving.replicas import server_env
 from gswarm_tasks.settings import load_settings
 from gswarm_web.extensions import db
@@ -158,6 +158,28 @@ def test_a_model_server_gets_a_minimal_environment(monkeypatch: pytest.MonkeyPat
                         "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"}  # fmt: skip
     assert server_env(cpu=True)["CUDA_VISIBLE_DEVICES"] == ""
     assert "CUDA_VISIBLE_DEVICES" not in server_env()  # a GPU holder names its device itself
+
+
+def test_vllm_on_a_cpu_gets_a_small_kv_cache_and_no_thread_pinning_unless_the_node_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    env = server_env(cpu=True)
+    engine_env(DEFAULTS["vllm"], env, {}, "10.0.0.5", cpu=True)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert env["VLLM_HOST_IP"] == "10.0.0.5"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3|4-7")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "8")
+    env = server_env(cpu=True)
+    engine_env(DEFAULTS["vllm"], env, {}, "10.0.0.5", cpu=True)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-3|4-7" and env["VLLM_CPU_KVCACHE_SPACE"] == "8"
+    on_gpu = server_env(0)
+    engine_env(DEFAULTS["vllm"], on_gpu, {}, "10.0.0.5", cpu=False)
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in on_gpu and "VLLM_CPU_KVCACHE_SPACE" not in on_gpu
+    builtin = server_env(cpu=True)
+    engine_env(DEFAULTS["builtin"], builtin, {}, "10.0.0.5", cpu=True)
+    assert not [k for k in builtin if k.startswith("VLLM_CPU")]
 
 
 def test_a_missing_program_names_the_preset_and_what_is_missing(tmp_path: Path) -> None:
