@@ -11,7 +11,7 @@ TORCH  ?= torch==2.13.0
 LOCK   := requirements.lock
 PIP    := $(BIN)/pip install -q -c $(LOCK)
 
-.PHONY: up install dev serve lock test test-unit test-integration test-engines engines test-cluster lint bench services docs clean
+.PHONY: up install dev serve lock test test-unit test-integration test-engines engines bench-engines test-cluster lint bench services docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,11 @@ engines:
 # gswarm serving on those engines with real workers (tests/engines): vectors, chats, metrics, a rolling update.
 test-engines: dev services engines
 	GSWARM_ENGINE_TEST=1 GSWARM_ENGINES_DIR=$(ENGINES_DIR) $(BIN)/python -m pytest -q -ra -o timeout=1800 tests/engines
+
+# The gateway against the replica on those engines, aiperf as the load client (bench/engines.py, about 12 minutes).
+bench-engines: dev services engines
+	GSWARM_ENGINES_DIR=$(ENGINES_DIR) PYTHON=$(PYTHON) scripts/engines.sh aiperf
+	GSWARM_ENGINES_DIR=$(ENGINES_DIR) $(BIN)/python bench/engines.py
 
 # The compose cluster for real (tests/cluster, README "Run it as a cluster"): the images (Docker Hub, else
 # ../shared/tools/offline-images/build.sh, which needs root), docker-compose.yml up with generated secrets, the

@@ -5,7 +5,9 @@
 #   $DIR/llama.cpp/bin/llama-server   wrapper around Debian sid's llama-server
 #   $DIR/models/SmolLM2-135M-Instruct.Q4_1.gguf, $DIR/models/all-MiniLM-L6-v2/
 #
-#   scripts/engines.sh [vllm] [llamacpp] [models]     (no argument: all three)
+#   $DIR/aiperf/bin/aiperf      NVIDIA's load client, for bench/engines.py (only when asked: `aiperf`)
+#
+#   scripts/engines.sh [vllm] [llamacpp] [models] [aiperf]     (no argument: the first three)
 #
 # Idempotent: each part leaves a stamp and is skipped once it is there (delete $DIR/.NAME.done to redo).
 # Needs python3.11, PyPI and a Debian mirror; the llama.cpp part needs root (debootstrap, chroot).
@@ -15,6 +17,7 @@ DIR=${GSWARM_ENGINES_DIR:-$HOME/.cache/gswarm/engines}
 PY=${PYTHON:-python3.11}
 VLLM_VERSION=${VLLM_VERSION:-0.32.0}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0+cpu}
+AIPERF_VERSION=${AIPERF_VERSION:-0.13.0}
 mkdir -p "$DIR"
 
 log() { echo "engines: $*" >&2; }
@@ -141,6 +144,16 @@ EOF
   stamp models
 }
 
+install_aiperf() {
+  local venv=$DIR/aiperf
+  if cached aiperf && [ -x "$venv/bin/aiperf" ]; then log "aiperf: cached"; return; fi
+  log "aiperf: installing aiperf $AIPERF_VERSION into $venv"
+  [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+  quiet_pip "$venv/bin/pip" install -q "aiperf==$AIPERF_VERSION"
+  log "aiperf: $("$venv/bin/aiperf" --version 2>&1 | tail -1)"
+  stamp aiperf
+}
+
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(vllm llamacpp models)
 for part in "${parts[@]}"; do
@@ -148,7 +161,8 @@ for part in "${parts[@]}"; do
     vllm) install_vllm ;;
     llamacpp) install_llamacpp ;;
     models) install_models ;;
-    *) log "unknown part: $part (vllm, llamacpp, models)"; exit 2 ;;
+    aiperf) install_aiperf ;;
+    *) log "unknown part: $part (vllm, llamacpp, models, aiperf)"; exit 2 ;;
   esac
 done
 log "ready in $DIR"
