@@ -65,7 +65,11 @@ def store_chunk(
     dest = node.tiers.chunk_path(tier, chunk_id)
     tmp = _part(dest)
     try:
-        if data is not None and link_from is not None and _link(node.tiers.chunk_path(tier, link_from), tmp, data):
+        if (
+            data is not None
+            and link_from is not None
+            and _link(node.tiers.chunk_path(tier, link_from), tmp, data)
+        ):
             pass
         elif data is not None:
             with open(tmp, "wb") as f:
@@ -74,7 +78,11 @@ def store_chunk(
                 os.fsync(f.fileno())
         else:
             fetch_into(source_url, tmp, settings, progress)
-        h = hash_bytes(data) if data is not None and len(data) <= HASH_FROM_MEMORY else hash_file(tmp, blocks=True)
+        h = (
+            hash_bytes(data)
+            if data is not None and len(data) <= HASH_FROM_MEMORY
+            else hash_file(tmp, blocks=True)
+        )
         if checksum and h["sha256"] != checksum:
             raise VerificationError(
                 "data: the bytes do not match their checksum", {"expected": checksum, "actual": h["sha256"]}
@@ -98,6 +106,23 @@ def _link(src: Path, tmp: Path, data: bytes) -> bool:
     return False
 
 
+def _manifest_entry(chunk_id: str, expected: dict[str, Any]) -> dict[str, Any]:
+    """The chunk as a one-file manifest a copy is verified against: its size and blake3 (with its blocks), else
+    its sha256."""
+    entry = {"path": chunk_id, "size": int(expected["size"])}
+    if expected.get("blake3"):
+        entry["blake3"] = expected["blake3"]
+        if expected.get("blocks") is not None:
+            entry["blocks"] = list(expected["blocks"])
+    elif expected.get("checksum"):
+        entry["sha256"] = expected["checksum"]
+    else:
+        raise InvalidRequest(
+            f"chunk {chunk_id} has no checksum to verify a copy against", {"chunk_id": chunk_id}
+        )
+    return entry
+
+
 def copy_chunk(
     node: NodeContext,
     settings: Settings,
@@ -118,23 +143,18 @@ def copy_chunk(
     zstd) is what a peer does to the bytes on the wire."""
     dest = node.tiers.chunk_path(tier, chunk_id)
     wire: dict[str, Any] = {}  # from a peer: the compression asked for and the bytes on the wire
-    entry = {"path": chunk_id, "size": int(expected["size"])}
-    if expected.get("blake3"):
-        entry["blake3"] = expected["blake3"]
-        if expected.get("blocks") is not None:
-            entry["blocks"] = list(expected["blocks"])
-    elif expected.get("checksum"):
-        entry["sha256"] = expected["checksum"]
-    else:
-        raise InvalidRequest(f"chunk {chunk_id} has no checksum to verify a copy against", {"chunk_id": chunk_id})
+    entry = _manifest_entry(chunk_id, expected)
     if source["node"] == node.name:
         if source["tier"] == tier:
             raise InvalidRequest(
-                f"target_device: the chunk is already on {node.tiers.device(tier)}", {"field": "target_device"}
+                f"target_device: the chunk is already on {node.tiers.device(tier)}",
+                {"field": "target_device"},
             )
         src = node.tiers.chunk_path(str(source["tier"]), chunk_id)
         if not src.is_file():
-            raise NotFound(f"chunk {chunk_id} is not on {node.tiers.device(source['tier'])}", {"chunk_id": chunk_id})
+            raise NotFound(
+                f"chunk {chunk_id} is not on {node.tiers.device(source['tier'])}", {"chunk_id": chunk_id}
+            )
         tmp = _part(dest)
         try:
             verified_copy(src, tmp, entry if "blake3" in entry else None, progress)
@@ -200,7 +220,9 @@ def read_chunk(
         try:
             data = read_file(str(loc["address"]), int(loc["file_port"]), token, prefix)
         except (KeyError, TypeError, ValueError) as exc:
-            raise NetworkError(f"reading chunk {chunk_id} from {dev} failed: {exc}", {"chunk_id": chunk_id}) from exc
+            raise NetworkError(
+                f"reading chunk {chunk_id} from {dev} failed: {exc}", {"chunk_id": chunk_id}
+            ) from exc
     want = loc.get("blake3")
     if want and blake3.blake3(data).hexdigest() != want:
         raise VerificationError(f"chunk {chunk_id} from {dev}: blake3 mismatch", {"chunk_id": chunk_id})

@@ -18,6 +18,7 @@ from ..control.models.state import get_model, require_gpu
 from ..control.nodes import placement, targets
 from ..control.nodes.devices import named, node_by_address
 from ..control.serving import autoscaler, reconciler
+from ..control.serving import checks as serving_checks
 from ..control.serving import state as service_state
 from ..control.serving.config import SERVICE_KEYS, engine_config, split_config
 from ..control.serving.state import get_service
@@ -58,7 +59,9 @@ def _settings_of(args: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, A
     for key in ("port", "replicas"):
         if key in own:
             if args.get(key) is not None and args[key] != own[key]:
-                raise InvalidRequest(f"config.{key}: {own[key]} disagrees with {key} {args[key]}", {"field": key})
+                raise InvalidRequest(
+                    f"config.{key}: {own[key]} disagrees with {key} {args[key]}", {"field": key}
+                )
             args[key] = own[key]
     engine, params = choose(engine_cfg, presets(settings().serve_engines), args.get("engine"))
     kept = {k: own[k] for k in SERVICE_KEYS if k in own and k not in ("port", "replicas")}
@@ -67,11 +70,15 @@ def _settings_of(args: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, A
 
 def _update_serving(svc: Service, args: dict[str, Any]) -> None:
     """A new engine or config, checked as a new service's would be; a new generation is brought up now."""
-    config = args["config"] if "config" in args else {k: v for k, v in (svc.config or {}).items() if k != "nodes"}
+    config = (
+        args["config"] if "config" in args else {k: v for k, v in (svc.config or {}).items() if k != "nodes"}
+    )
     asked = {"config": config, "engine": args.get("engine", svc.backend)}
     engine, params, _ = _settings_of(asked)
-    service_state.check_aliases(svc.model, params.get("aliases") or [], svc.id)
-    if not service_state.is_auto(svc) and (engine != svc.backend or engine_config(params) != engine_config(svc.config)):
+    serving_checks.check_aliases(svc.model, params.get("aliases") or [], svc.id)
+    if not service_state.is_auto(svc) and (
+        engine != svc.backend or engine_config(params) != engine_config(svc.config)
+    ):
         raise Conflict(
             "engine: a service pinned to one device has one replica, so it cannot be updated without a gap; serve "
             "it with device auto (or `nodes`) to update it in place, or stop it and serve it again",
@@ -79,7 +86,9 @@ def _update_serving(svc: Service, args: dict[str, Any]) -> None:
         )
     for rep in service_state.live_replicas(svc):
         node = db.session.get(Node, rep.node)
-        if node is not None and "nodes" in (svc.config or {}):  # pinned to nodes: each must run the new engine
+        if node is not None and "nodes" in (
+            svc.config or {}
+        ):  # pinned to nodes: each must run the new engine
             placement.require_engine(node, engine)
     if service_state.update_serving(svc, engine, params):
         reconciler.fill(svc)
@@ -89,7 +98,9 @@ def _options(args: dict[str, Any]) -> dict[str, Any]:
     return {k: args.get(k) for k in ("idle_timeout_s", "cold_start_timeout_s")}
 
 
-def _pinned(model: Any, dev: Device, args: dict[str, Any], engine: str, params: dict) -> tuple[Service, TaskRecord]:
+def _pinned(
+    model: Any, dev: Device, args: dict[str, Any], engine: str, params: dict
+) -> tuple[Service, TaskRecord]:
     dev = dev.expect("device", gpu=True, cpu=True)
     placement.require_engine(require_node(str(dev.node), "device"), engine)
     if dev.is_gpu:
@@ -101,7 +112,7 @@ def _pinned(model: Any, dev: Device, args: dict[str, Any], engine: str, params: 
                 "`nodes`",
                 {"field": key},
             )
-    tier = service_state.check_pinned(model, dev, args.get("port"))
+    tier = serving_checks.check_pinned(model, dev, args.get("port"))
     svc = service_state.create(model, str(dev), 1, args.get("port"), engine, config=params, **_options(args))
     return svc, service_state.start_replica(svc, service_state.add_replica(svc, dev), tier)
 
@@ -156,9 +167,15 @@ def _on_nodes(model: Any, args: dict[str, Any], engine: str, params: dict) -> tu
             raise InvalidRequest(f"nodes[{i}]: {node} is named twice", {"field": f"nodes[{i}]"})
         placement.require_engine(require_node(node, f"nodes[{i}]"), engine)
         if args.get("port") is not None and service_state.port_taken(node, args["port"]):
-            raise InvalidRequest(f"port: {args['port']} is taken by another service on {node}", {"field": "port"})
+            raise InvalidRequest(
+                f"port: {args['port']} is taken by another service on {node}", {"field": "port"}
+            )
         nodes.append(node)
-    if args.get("autoscaling") is None and args.get("replicas") is not None and args["replicas"] != len(nodes):
+    if (
+        args.get("autoscaling") is None
+        and args.get("replicas") is not None
+        and args["replicas"] != len(nodes)
+    ):
         raise InvalidRequest(
             f"replicas: {args['replicas']} for {len(nodes)} nodes; a service on `nodes` has one replica on each",
             {"field": "replicas"},
@@ -168,7 +185,9 @@ def _on_nodes(model: Any, args: dict[str, Any], engine: str, params: dict) -> tu
     svc = service_state.create(model, str(target), count, args.get("port"), engine, config=config,
                                **_options(args))  # fmt: skip
     svc.autoscaling = args.get("autoscaling")
-    first = [reconciler.place_replica(svc)[1] for _ in range(count)]  # one that does not fit refuses the request
+    first = [
+        reconciler.place_replica(svc)[1] for _ in range(count)
+    ]  # one that does not fit refuses the request
     service_state.refresh(svc)
     return svc, first[0] if first else None
 
@@ -183,7 +202,9 @@ class Services(MethodView):
         if "status" in args:
             query = query.where(Service.status == args["status"])
         if "node" in args:
-            query = query.where(Service.id.in_(db.select(Replica.service_id).where(Replica.node == args["node"])))
+            query = query.where(
+                Service.id.in_(db.select(Replica.service_id).where(Replica.node == args["node"]))
+            )
         if "model_name" in args:
             query = query.where(Service.model_id == get_model(args["model_name"]).id)
         return page_of("services", query, args)
@@ -195,7 +216,7 @@ class Services(MethodView):
         room, or one replica on each of `nodes` (the decision is in each instance's `placement`)"""
         model = get_model(args["model_name"])
         engine, params, args = _settings_of(targets.resolve(args, "device"))
-        service_state.check_aliases(model, params.get("aliases") or [])
+        serving_checks.check_aliases(model, params.get("aliases") or [])
         if "nodes" in args:
             svc, rec = _on_nodes(model, args, engine, params)
         else:
@@ -208,7 +229,9 @@ class Services(MethodView):
         db.session.commit()
         _send(svc)
         autoscaler.prewarm(svc)
-        svc.task_id = task_id  # not a column: the task that starts (or places) its first replica (none at zero)
+        svc.task_id = (
+            task_id  # not a column: the task that starts (or places) its first replica (none at zero)
+        )
         return svc, 202
 
 

@@ -18,9 +18,9 @@ from gswarm_tasks.settings import Settings, load_settings
 
 from . import guardian
 from .broker import PASSWORD_FILE, hide_password
-from .local import clear_leftovers, record_node
+from .local import clear_leftovers, private_home, record_node
 from .supervisor import ProcSpec, Supervisor
-from .up import node_worker_argv, on_stop_signals, private_home, stop_all, supervise
+from .up import node_worker_argv, on_stop_signals, stop_all, supervise
 
 err_console = Console(stderr=True, soft_wrap=True)
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -65,7 +65,9 @@ def broker_of(address: str | None, token: str | None, settings: Settings) -> tup
         parts = urlsplit(address)
         if parts.password:
             if token is not None:
-                raise click.UsageError("the URL carries a password already: drop --token, or drop it from the URL")
+                raise click.UsageError(
+                    "the URL carries a password already: drop --token, or drop it from the URL"
+                )
             return address, "the URL"
         credential, source = credential_for(parts.hostname or "")
         if credential is None:
@@ -87,7 +89,9 @@ def check_broker(url: str, source: str | None) -> None:
         redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3).ping()
     except redis.AuthenticationError:
         if source is None:
-            err_console.print(f"[red]error:[/] the broker at {shown} needs its password: {WHERE}", highlight=False)
+            err_console.print(
+                f"[red]error:[/] the broker at {shown} needs its password: {WHERE}", highlight=False
+            )
         else:
             err_console.print(f"[red]error:[/] the broker at {shown} refused the password from {source}: {WHERE}",
                               highlight=False)  # fmt: skip
@@ -108,14 +112,20 @@ def client() -> None:
 @client.command("connect")
 @click.argument("address", required=False)
 @click.option("--node", "--node-id", "node", default=None, help="This node's name (default: the host name).")
-@click.option("--token", default=None, help="The broker's password (or GSWARM_JOIN_TOKEN, cluster.join_token).")
+@click.option(
+    "--token", default=None, help="The broker's password (or GSWARM_JOIN_TOKEN, cluster.join_token)."
+)
 @click.option(
     "--resilient",
     is_flag=True,
     help="Accepted: a node always reconnects to the broker and keeps its profiler frames on disk while it is away.",
 )
-@click.option("--storage-root", type=click.Path(file_okay=False), default=None, help="Where this node stores models.")
-@click.option("--concurrency", "-c", type=int, default=None, help="Tasks run at once (default from settings).")
+@click.option(
+    "--storage-root", type=click.Path(file_okay=False), default=None, help="Where this node stores models."
+)
+@click.option(
+    "--concurrency", "-c", type=int, default=None, help="Tasks run at once (default from settings)."
+)
 @click.option("--loglevel", default=None)
 def connect(
     address: str | None,
@@ -142,12 +152,16 @@ def connect(
     records = guardian.node_records(home, node)
     other = guardian.supervisor_alive(records)
     if other is not None:
-        raise click.ClickException(f"node {node} is connected from GSWARM_HOME={home} already (pid {other['pid']})")
+        raise click.ClickException(
+            f"node {node} is connected from GSWARM_HOME={home} already (pid {other['pid']})"
+        )
     clear_leftovers(records)
     settings = load_settings(env)
     storage = settings.effective_storage_root(node)
     err_console.print(f"node {node} joining {hide_password(url)}; storage {storage}", highlight=False)
-    argv = node_worker_argv(node, concurrency or settings.max_concurrent_tasks, loglevel or settings.log_level)
+    argv = node_worker_argv(
+        node, concurrency or settings.max_concurrent_tasks, loglevel or settings.log_level
+    )
     run_node(home, node, ProcSpec(f"node-{node}", argv, env, None), storage, hide_password(url))
 
 

@@ -16,7 +16,7 @@ from gswarm_tasks.devices import AUTO, TIER_RE, Device
 from gswarm_tasks.settings import Settings
 
 from . import guardian
-from .broker import write_private
+from .broker import PASSWORD_FILE, write_private
 
 RUN_FILE = "gswarm.pid"
 NODE_FILE = "node.json"
@@ -65,7 +65,9 @@ def clear_leftovers(records: Path) -> list[str]:
         return []
     left = guardian.reap(records)
     if left:
-        click.echo(f"ended what the last gswarm under {records.parent} left running: {', '.join(left)}", err=True)
+        click.echo(
+            f"ended what the last gswarm under {records.parent} left running: {', '.join(left)}", err=True
+        )
     return left
 
 
@@ -154,3 +156,20 @@ def device_arg(value: str | None, node: str | None, what: str, settings: Setting
         return value
     node = node or local_node(settings)
     return str(Device.parse(value, field=what, default_node=node)) if node else auto_for(value)
+
+
+def private_home(home: Path) -> None:
+    """$GSWARM_HOME private to its user: 0700, and what an earlier run left there made 0700 (directories) and 0600
+    (files); everything made from now on is private through the umask (077) this process and its children share."""
+    os.umask(0o077)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(home, 0o700)
+    files = [*home.glob("gswarm.db*"), home / "token", home / PASSWORD_FILE, home / "config.yaml"]
+    for d in (home / "logs", home / "redis", home / "storage"):  # a private directory hides what is below it
+        if d.is_dir() and not d.is_symlink():
+            os.chmod(d, 0o700)
+    for d in (home / "logs", home / "redis"):
+        files += list(d.glob("*")) if d.is_dir() else []
+    for f in files:
+        if f.is_file() and not f.is_symlink():
+            os.chmod(f, 0o600)

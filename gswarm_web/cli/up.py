@@ -21,9 +21,16 @@ from rich.console import Console
 from gswarm_tasks.devices import validate_node_name
 from gswarm_tasks.settings import Settings, load_settings
 
-from .broker import PASSWORD_FILE, broker_password, broker_url, embedded_redis_spec, hide_password, write_private
+from .broker import (
+    PASSWORD_FILE,
+    broker_password,
+    broker_url,
+    embedded_redis_spec,
+    hide_password,
+    write_private,
+)
 from .guardian import RECORDS
-from .local import claim_run, record_node, release_run, update_run
+from .local import claim_run, private_home, record_node, release_run, update_run
 from .supervisor import ProcSpec, Supervisor
 
 console = Console(soft_wrap=True)
@@ -95,7 +102,9 @@ def control_plane_specs(
     logs = Path(settings.home) / "logs"
     api = f"http://{host}:{port}"
     return [
-        ProcSpec("web", web_argv(host, port, model_port), env, logs / "web.log", ready=lambda: _http_ready(api)),
+        ProcSpec(
+            "web", web_argv(host, port, model_port), env, logs / "web.log", ready=lambda: _http_ready(api)
+        ),
         ProcSpec(
             "control",
             [
@@ -167,23 +176,6 @@ def _wait_healthy(api: str, node: str | None, timeout_s: float = 60.0) -> dict[s
     raise RuntimeError(f"gswarm did not become healthy within {timeout_s:.0f} s (last health: {last})")
 
 
-def private_home(home: Path) -> None:
-    """$GSWARM_HOME private to its user: 0700, and what an earlier run left there made 0700 (directories) and 0600
-    (files); everything made from now on is private through the umask (077) this process and its children share."""
-    os.umask(0o077)
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(home, 0o700)
-    files = [*home.glob("gswarm.db*"), home / "token", home / PASSWORD_FILE, home / "config.yaml"]
-    for d in (home / "logs", home / "redis", home / "storage"):  # a private directory hides what is below it
-        if d.is_dir() and not d.is_symlink():
-            os.chmod(d, 0o700)
-    for d in (home / "logs", home / "redis"):
-        files += list(d.glob("*")) if d.is_dir() else []
-    for f in files:
-        if f.is_file() and not f.is_symlink():
-            os.chmod(f, 0o600)
-
-
 WILDCARDS = ("0.0.0.0", "::", "")
 
 
@@ -214,7 +206,13 @@ def join_command(redis_url: str, password_file: Path | None = None) -> str:
 
 
 def _print_up(
-    title: str, api: str, redis_url: str, embedded: bool, settings: Settings, node: str | None, model_api: str | None
+    title: str,
+    api: str,
+    redis_url: str,
+    embedded: bool,
+    settings: Settings,
+    node: str | None,
+    model_api: str | None,
 ) -> None:
     console.print(f"[bold green]{title} is up[/]")
     console.print(f"  dashboard   {api}/   (sign in with the admin token below)")
@@ -230,7 +228,9 @@ def _print_up(
         console.print("              (on another host: copy the password in that file, and give it with --token or "
                       "GSWARM_JOIN_TOKEN)", highlight=False)  # fmt: skip
     if urlsplit(api).hostname in ("127.0.0.1", "localhost", "::1"):
-        console.print("              (from this machine only: start with --host 0.0.0.0, or cluster.host, for others)")
+        console.print(
+            "              (from this machine only: start with --host 0.0.0.0, or cluster.host, for others)"
+        )
     console.print(f"  admin token {settings.token_file}")
     if node:
         console.print(f"  node        {node}  storage {settings.effective_storage_root(node)}")
@@ -326,7 +326,9 @@ def _start_broker(sup: Supervisor, home: Path, env: dict[str, str], launch: Laun
     return broker_url("127.0.0.1" if bind == "0.0.0.0" else bind, rport, password)
 
 
-def _bring_up(sup: Supervisor, settings: Settings, env: dict[str, str], launch: Launch) -> tuple[Settings, str]:
+def _bring_up(
+    sup: Supervisor, settings: Settings, env: dict[str, str], launch: Launch
+) -> tuple[Settings, str]:
     """Broker, migrations, admin token, control plane and node, in order; returns the settings they run with."""
     from gswarm_web.migrate import upgrade
 
@@ -380,10 +382,14 @@ def run_supervised(settings: Settings, launch: Launch) -> None:
 
 
 @click.command("up")
-@click.option("--host", default=None, help="Address the API and the embedded Redis bind to (default 127.0.0.1).")
+@click.option(
+    "--host", default=None, help="Address the API and the embedded Redis bind to (default 127.0.0.1)."
+)
 @click.option("--port", type=int, default=None, help="API port (default 8091).")
 @click.option("--node", default=None, help="Name of this host's node (default: hostname).")
-@click.option("--redis-port", type=int, default=None, help="Port of the embedded Redis (default 6389, else free).")
+@click.option(
+    "--redis-port", type=int, default=None, help="Port of the embedded Redis (default 6389, else free)."
+)
 def up(host: str | None, port: int | None, node: str | None, redis_port: int | None) -> None:
     """Run everything on this host: API, control worker, beat and a node worker."""
     settings = load_settings()

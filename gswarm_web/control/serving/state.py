@@ -15,7 +15,7 @@ import redis
 
 from gswarm_tasks import names
 from gswarm_tasks.devices import Device
-from gswarm_tasks.errors import Conflict, InvalidRequest, NotFound
+from gswarm_tasks.errors import NotFound
 from gswarm_tasks.serving.engines import TP_PARAM
 
 from ...extensions import db, redis_client
@@ -26,7 +26,17 @@ from ..report import Report
 from . import live
 from .config import engine_config
 
-SERVICE_STATES = ("pending", "starting", "running", "degraded", "unhealthy", "idle", "stopping", "stopped", "failed")
+SERVICE_STATES = (
+    "pending",
+    "starting",
+    "running",
+    "degraded",
+    "unhealthy",
+    "idle",
+    "stopping",
+    "stopped",
+    "failed",
+)
 REPLICA_STATES = ("pending", "placing", "starting", "running", "unhealthy", "draining", "stopping", "stopped", "failed",
                   "lost")  # fmt: skip
 LIVE = ("pending", "placing", "starting", "running", "unhealthy")  # a replica that serves, or will
@@ -67,7 +77,9 @@ def port_taken(node: str, port: int) -> bool:
     )
 
 
-def create(model: Model, device: str, replicas: int, port: int | None, backend: str, **options: Any) -> Service:
+def create(
+    model: Model, device: str, replicas: int, port: int | None, backend: str, **options: Any
+) -> Service:
     """Record a service (no replica yet)."""
     svc = Service(
         id=str(uuid.uuid4()),
@@ -162,7 +174,13 @@ def stop_replica(rep: Replica, reason: str | None = None) -> TaskRecord:
     if reason:
         rep.status_message = reason
     return record(
-        "stop_serve", rep.node, names.SERVICE_STOP, {"service_id": rep.id}, "high", service_id=rep.id, source=rep.device
+        "stop_serve",
+        rep.node,
+        names.SERVICE_STOP,
+        {"service_id": rep.id},
+        "high",
+        service_id=rep.id,
+        source=rep.device,
     )
 
 
@@ -196,12 +214,16 @@ def refresh(svc: Service) -> None:
         return
     if running:
         svc.status = "running" if len(running) >= svc.replicas else "degraded"
-        svc.status_message = None if len(running) >= svc.replicas else f"{len(running)} of {svc.replicas} running"
+        svc.status_message = (
+            None if len(running) >= svc.replicas else f"{len(running)} of {svc.replicas} running"
+        )
     elif any(r.status == "unhealthy" for r in live):
         svc.status = "unhealthy"
         svc.status_message = next(r.status_message for r in live if r.status == "unhealthy")
     elif live:
-        svc.status = "pending" if svc.status == "pending" and all(r.status == "pending" for r in live) else "starting"
+        svc.status = (
+            "pending" if svc.status == "pending" and all(r.status == "pending" for r in live) else "starting"
+        )
     else:
         svc.status = "failed"
         ended = [r for r in svc.members if r.status in ("failed", "lost")]
@@ -221,7 +243,10 @@ def on_succeeded(rec: TaskRecord, data: dict[str, Any]) -> None:
         rep.status, rep.pid, rep.port, rep.url = "running", data.get("pid"), data.get("port"), data.get("url")
         rep.started_at, rep.healthy, rep.last_check_at = now(), True, now()
         rep.engine = str(data.get("engine") or rep.service.backend)
-    elif rec.kind == "serve" and rep.status in ("stopping", "stopped"):  # scaled down while it started: no orphan
+    elif rec.kind == "serve" and rep.status in (
+        "stopping",
+        "stopped",
+    ):  # scaled down while it started: no orphan
         stop_replica(rep, rep.status_message)
     elif rec.kind == "stop_serve":
         rep.status, rep.stopped_at = "stopped", now()
@@ -229,7 +254,12 @@ def on_succeeded(rec: TaskRecord, data: dict[str, Any]) -> None:
         svc = rep.service
         # Every replica stopped on purpose: the service is stopped, not failed; unless it sleeps (idle unload, or
         # scaled to zero), when the next request starts it again.
-        if svc.status != "idle" and svc.replicas > 0 and svc.members and all(r.status in ENDED for r in svc.members):
+        if (
+            svc.status != "idle"
+            and svc.replicas > 0
+            and svc.members
+            and all(r.status in ENDED for r in svc.members)
+        ):
             svc.status = "stopping"
     refresh(rep.service)
 
@@ -242,7 +272,10 @@ def on_failed(rec: TaskRecord) -> None:
     if rec.kind == "serve":
         rep.status, rep.status_message, rep.stopped_at = "failed", message, now()
     elif rec.kind == "stop_serve" and (rec.error or {}).get("code") == "NOT_FOUND":
-        rep.status, rep.stopped_at = "stopped", rep.stopped_at or now()  # its node runs no such server (any more)
+        rep.status, rep.stopped_at = (
+            "stopped",
+            rep.stopped_at or now(),
+        )  # its node runs no such server (any more)
         _forget([rep.id])
     elif rec.kind == "stop_serve":
         rep.status_message = f"stop failed: {message}"
@@ -270,21 +303,6 @@ def serve_step_ended(rec: TaskRecord, sent: bool) -> None:
     if not live_replicas(svc):
         svc.status, svc.status_message = "stopping", why
     refresh(svc)
-
-
-def check_aliases(model: Model, aliases: list[str], service_id: str | None = None) -> None:
-    """A service's other names must name nothing else: no registered model, no other live service's alias (409)."""
-    if not aliases:
-        return
-    taken = set(db.session.scalars(db.select(Model.name).where(Model.name.in_(aliases), Model.id != model.id)))
-    others = db.session.execute(
-        db.select(Service.id, Service.config).where(Service.status.not_in(ENDED), Service.id != (service_id or ""))
-    ).all()
-    taken |= {a for _sid, config in others for a in (config or {}).get("aliases") or () if a in aliases}
-    if taken:
-        name = sorted(taken)[0]
-        raise Conflict(f"config.aliases: {name!r} is already the name of a model or another service's alias",
-                       {"field": "config.aliases", "alias": name})  # fmt: skip
 
 
 def service_healthy(svc: Service) -> bool | None:
@@ -361,16 +379,3 @@ def apply_reports(reports: list[Report]) -> None:
         if isinstance(services, list):
             latest[r.id] = services
     apply_health(latest)
-
-
-def check_pinned(model: Model, dev: Device, port: int | None) -> str:
-    """What serving on a named device needs: a copy on that node's disk or dram, and a free port."""
-    tier = serving_tier(model, str(dev.node))
-    if tier is None:
-        raise InvalidRequest(
-            f"model_name: {model.name} has no copy on {dev.node}'s disk or dram; copy it there first (or use auto)",
-            {"field": "model_name", "node": dev.node},
-        )
-    if port is not None and port_taken(str(dev.node), port):
-        raise InvalidRequest(f"port: {port} is taken by another service on {dev.node}", {"field": "port"})
-    return tier
