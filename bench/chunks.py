@@ -69,7 +69,12 @@ def start_web(fleet: Fleet) -> tuple[Proc, str]:
 
 def bodies(count: int, tag: str) -> list[dict[str, Any]]:
     return [
-        {"data": base64.b64encode(os.urandom(SIZE)).decode(), "device": "node1:dram", "type": "input", "format": tag}
+        {
+            "data": base64.b64encode(os.urandom(SIZE)).decode(),
+            "device": "node1:dram",
+            "type": "input",
+            "format": tag,
+        }
         for _ in range(count)
     ]
 
@@ -94,7 +99,9 @@ def sqlite_counts(path: Path) -> Callable[[str, datetime], dict[str, int]]:
 
     def counts(tag: str, _since: datetime) -> dict[str, int]:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as conn:
-            rows = conn.execute("SELECT status, count(*) FROM data_chunks WHERE format = ? GROUP BY status", (tag,))
+            rows = conn.execute(
+                "SELECT status, count(*) FROM data_chunks WHERE format = ? GROUP BY status", (tag,)
+            )
             return {str(s): int(n) for s, n in rows}
 
     return counts
@@ -180,7 +187,9 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gswarm-bench-chunks-"))
     results: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
-        client, pids, counts, redis_url = stack.enter_context(up_target(tmp) if args.up else fleet_target(tmp))
+        client, pids, counts, redis_url = stack.enter_context(
+            up_target(tmp) if args.up else fleet_target(tmp)
+        )
         stack.enter_context(busy_loops(args.busy))
         return run_cases(args, only, profiles, client, pids, counts, redis_url, results)
 
@@ -314,7 +323,9 @@ def run_cases(args: Any, only: list[str], profiles: Profiles, client: Client, pi
     if client.errors:
         raise SystemExit(f"{len(client.errors)} requests failed, first: {client.errors[0]}")
     print(json.dumps(results, indent=2))
-    print(f"{'PASS' if not server_errors else 'MISS'} answers: {server_errors} 5xx of {sum(client.statuses.values())}")
+    print(
+        f"{'PASS' if not server_errors else 'MISS'} answers: {server_errors} 5xx of {sum(client.statuses.values())}"
+    )
     for key in CASES:
         r = results.get(key)
         if r is None:

@@ -68,7 +68,12 @@ def document(case: str, n: int) -> str:
         for i in range(1, n):
             ref = "${a0.x}" if case == "far_refs" else f"${{a{i - 1}.x}}"
             acts.append(
-                {"action_id": f"a{i}", "action_type": "noop", "dependencies": [f"a{i - 1}"], "outputs": {"x": ref}}
+                {
+                    "action_id": f"a{i}",
+                    "action_type": "noop",
+                    "dependencies": [f"a{i - 1}"],
+                    "outputs": {"x": ref},
+                }
             )
         if case == "reverse":
             acts.reverse()
@@ -89,8 +94,12 @@ def _app(tmp: str) -> Any:
         db.create_all()
         now = datetime.now(UTC)
         for name in ("node1", "node2"):
-            db.session.add(Node(name=name, dram_total_bytes=64 << 30, dram_available_bytes=60 << 30, last_seen=now))
-        db.session.add(Model(name="m", model_type="llm", source_url="hf://org/m", model_size=1 << 30, locations=[]))
+            db.session.add(
+                Node(name=name, dram_total_bytes=64 << 30, dram_available_bytes=60 << 30, last_seen=now)
+            )
+        db.session.add(
+            Model(name="m", model_type="llm", source_url="hf://org/m", model_size=1 << 30, locations=[])
+        )
         db.session.commit()
     return app
 
@@ -137,13 +146,17 @@ def child(case: str, n: int, tree: str | None) -> dict[str, Any]:
 
 
 def run_case(case: str, n: int, tree: str | None, limit_mb: int, timeout: float) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "bench.documents", "--child", case, str(n)] + (["--tree", tree] if tree else [])
+    argv = [sys.executable, "-m", "bench.documents", "--child", case, str(n)] + (
+        ["--tree", tree] if tree else []
+    )
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit_mb << 20, limit_mb << 20))
 
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=limit, check=False)
+        p = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, preexec_fn=limit, check=False
+        )
     except subprocess.TimeoutExpired:
         return {"case": case, "n": n, "outcome": f"still running after {timeout:.0f} s (stopped)"}
     if p.returncode != 0:
@@ -173,7 +186,9 @@ def main() -> int:
             print(json.dumps(row), flush=True)
     print(f"{'case':<11} {'actions':>8} {'seconds':>9} {'peak MiB':>9}  outcome")
     for r in rows:
-        print(f"{r['case']:<11} {r['n']:>8} {r.get('seconds', '-'):>9} {r.get('peak_mib', '-'):>9}  {r['outcome']}")
+        print(
+            f"{r['case']:<11} {r['n']:>8} {r.get('seconds', '-'):>9} {r.get('peak_mib', '-'):>9}  {r['outcome']}"
+        )
     for case in CASES:
         done = [r for r in rows if r["case"] == case and "peak_mib" in r]
         if len(done) >= 2 and done[0]["n"] and done[0]["seconds"]:

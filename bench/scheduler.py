@@ -53,14 +53,18 @@ TIERED_FLEET = {
 }
 
 
-def measure(config: Any, trace: dict[str, Any], gpus: int | None, mode: str, policy: str, fleet: Any = None) -> dict:
+def measure(
+    config: Any, trace: dict[str, Any], gpus: int | None, mode: str, policy: str, fleet: Any = None
+) -> dict:
     """One policy on one trace: its summary, validator violations and wall seconds."""
     workload, parsed_fleet = prepare(config, trace, gpus, fleet, mode)
     t0 = time.perf_counter()
     doc = run(workload, parsed_fleet, policy)
     wall = time.perf_counter() - t0
     violations = validate(doc, workload, parsed_fleet)
-    tiers = Counter(e["loaded_from"] for e in doc["executions"] for _ in e["gpus"] if e["loaded_from"] != "gpu")
+    tiers = Counter(
+        e["loaded_from"] for e in doc["executions"] for _ in e["gpus"] if e["loaded_from"] != "gpu"
+    )
     return {
         **{k: v for k, v in doc["summary"].items() if k not in ("policy", "mode")},
         "violations": len(violations),
@@ -117,7 +121,9 @@ def cli_rows(runs: int) -> list[Row]:
         for _ in range(runs):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
-            out = subprocess.run([*argv, "--policy", policy], check=True, capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [*argv, "--policy", policy], check=True, capture_output=True, text=True
+            ).stdout
             walls.append(time.perf_counter() - t0)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
@@ -148,10 +154,14 @@ def main() -> int:
     saturated = generate(bench_config(), requests=args.requests * 2 // 3, gpus=GPUS, utilization=1.0, seed=2)
     offline = {p: measure(config, saturated, GPUS, "offline", p) for p in POLICIES}
     results["offline"] = offline
-    print(f"\n2. offline, {GPUS} GPUs, saturated trace: makespan / lower bound {offline['fifo']['lower_bound']:.0f} s")
+    print(
+        f"\n2. offline, {GPUS} GPUs, saturated trace: makespan / lower bound {offline['fifo']['lower_bound']:.0f} s"
+    )
     for p, r in offline.items():
         ratio = r["makespan"] / r["lower_bound"]
-        print(f"   {p:<12}{r['makespan']:>9.0f} s {ratio:>6.3f}x  loads {r['model_loads']:>5}  viol {r['violations']}")
+        print(
+            f"   {p:<12}{r['makespan']:>9.0f} s {ratio:>6.3f}x  loads {r['model_loads']:>5}  viol {r['violations']}"
+        )
 
     trace = generate(bench_config(), requests=args.requests, gpus=GPUS, utilization=0.7, seed=1)
     fleet = parse_fleet(TIERED_FLEET)
@@ -182,13 +192,16 @@ def main() -> int:
         <= 0.25 * at["fifo"]["request_latency_p99"],
         "gswarm beats eft on loads and p99 at 0.7": at["gswarm"]["model_loads"] < at["eft"]["model_loads"]
         and at["gswarm"]["request_latency_p99"] < at["eft"]["request_latency_p99"],
-        "gswarm offline <= 1.10x lower bound": offline["gswarm"]["makespan"] <= 1.10 * offline["gswarm"]["lower_bound"],
+        "gswarm offline <= 1.10x lower bound": offline["gswarm"]["makespan"]
+        <= 1.10 * offline["gswarm"]["lower_bound"],
         "zero violations everywhere": all(
             r["violations"] == 0
             for part in (*results["online"].values(), offline, tiered, scale)
             for r in part.values()
         ),
-        "every policy simulates 20k steps on 64 GPUs in < 10 s": all(r["wall_s"] < 10 for r in scale.values()),
+        "every policy simulates 20k steps on 64 GPUs in < 10 s": all(
+            r["wall_s"] < 10 for r in scale.values()
+        ),
         "gswarm schedule simulate on 22.5k steps < 2 s (median), every policy": all(r.ok() for r in cli),
     }
     results["goals"] = goals

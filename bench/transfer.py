@@ -125,7 +125,16 @@ def http_server(directory: Path, probe: str) -> tuple[subprocess.Popen[bytes], i
     """`python -m http.server` on `directory`, once it answers for `probe`."""
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(directory)],
+        [
+            sys.executable,
+            "-m",
+            "http.server",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            str(directory),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -152,7 +161,9 @@ def nginx_server(directory: Path, probe: str, work: Path) -> tuple[subprocess.Po
         f"  server {{ listen 127.0.0.1:{port}; root {directory}; }} }}\n"
     )
     server = subprocess.Popen(
-        [exe, "-p", str(work), "-c", str(work / "nginx.conf")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [exe, "-p", str(work), "-c", str(work / "nginx.conf")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         wait_http(port, probe, "nginx")
@@ -206,7 +217,9 @@ def bench_models(fleet: Fleet, src_root: Path, args: argparse.Namespace) -> dict
     src = make_model(src_root, args.size_mib)
     fleet.register_and_download("bench", f"file://{src}")
     stored = fleet.storage("node1") / "models" / "bench"
-    size = sum(p.stat().st_size for p in stored.rglob("*") if p.is_file() and not p.name.startswith(".gswarm"))
+    size = sum(
+        p.stat().st_size for p in stored.rglob("*") if p.is_file() and not p.name.startswith(".gswarm")
+    )
     subprocess.run(["cat", str(stored / "model.safetensors")], stdout=subprocess.DEVNULL, check=True)
 
     def timed_cp(dest: Path) -> float:
@@ -229,7 +242,9 @@ def bench_models(fleet: Fleet, src_root: Path, args: argparse.Namespace) -> dict
             for side in (0, 1) if i % 2 == 0 else (1, 0):
                 os.sync()
                 if side == 0:
-                    local_g.append(run_copy(fleet, {"source_device": "node1:disk", "target_device": "node1:dram"}))
+                    local_g.append(
+                        run_copy(fleet, {"source_device": "node1:disk", "target_device": "node1:dram"})
+                    )
                     drop(fleet, "node1:dram")
                 else:
                     dest = fleet.dram_base / "cp-baseline"
@@ -241,7 +256,9 @@ def bench_models(fleet: Fleet, src_root: Path, args: argparse.Namespace) -> dict
                 os.sync()
                 if side == 0:
                     with PROFILES.record(f"transfer-models-{i}", PIDS):
-                        remote_g.append(run_copy(fleet, {"source_device": "node1:disk", "target_device": "node2:disk"}))
+                        remote_g.append(
+                            run_copy(fleet, {"source_device": "node1:disk", "target_device": "node2:disk"})
+                        )
                     drop(fleet, "node2:disk")
                 elif side == 1:
                     remote_curl.append(timed_curl(port, "model.safetensors", out))
@@ -313,7 +330,9 @@ def run_transfer(fleet: Fleet, chunk_id: str, node: str, tier: str) -> float:
         row = db.session.execute(
             db.select(ChunkLocation.status, DataChunk.status_message)
             .select_from(DataChunk)
-            .outerjoin(ChunkLocation, (ChunkLocation.chunk_id == DataChunk.id) & (ChunkLocation.device == device))
+            .outerjoin(
+                ChunkLocation, (ChunkLocation.chunk_id == DataChunk.id) & (ChunkLocation.device == device)
+            )
             .where(DataChunk.id == chunk_id)
         ).one()
         if (row[1] or "").startswith("data_transfer"):
@@ -425,7 +444,9 @@ def timed_copy(fleet: Fleet, model: str, compression: str) -> tuple[float, int]:
         raise SystemExit(f"copy failed: {done['error']}")
     code, drop_task = fleet.api("DELETE", f"/models/{model}/locations/node2:disk")
     assert code == 202, drop_task
-    wait_for(lambda: fleet.get(f"/queue/tasks/{drop_task['task_id']}")[1]["status"] == "succeeded", 60, "delete")
+    wait_for(
+        lambda: fleet.get(f"/queue/tasks/{drop_task['task_id']}")[1]["status"] == "succeeded", 60, "delete"
+    )
     return elapsed, int(done["result"]["wire_bytes"])
 
 
@@ -464,7 +485,12 @@ def bench_compression(fleet: Fleet, src_root: Path, args: argparse.Namespace) ->
 
 def small_bodies(count: int, tag: str) -> list[dict[str, Any]]:
     return [
-        {"data": base64.b64encode(os.urandom(4096)).decode(), "device": "node1:dram", "type": "input", "format": tag}
+        {
+            "data": base64.b64encode(os.urandom(4096)).decode(),
+            "device": "node1:dram",
+            "type": "input",
+            "format": tag,
+        }
         for _ in range(count)
     ]
 
@@ -477,7 +503,9 @@ def wait_small(tag: str, count: int, timeout: float) -> None:
     def done() -> bool:
         db.session.remove()
         rows = db.session.execute(
-            db.select(DataChunk.status, db.func.count()).where(DataChunk.format == tag).group_by(DataChunk.status)
+            db.select(DataChunk.status, db.func.count())
+            .where(DataChunk.format == tag)
+            .group_by(DataChunk.status)
         ).all()
         by = {str(s): int(n) for s, n in rows}
         if by.get("failed"):
@@ -568,12 +596,17 @@ def selection(text: str) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--only", type=selection, default=list(BENCHES), help="models, chunks, small, compression (comma-separated)"
+        "--only",
+        type=selection,
+        default=list(BENCHES),
+        help="models, chunks, small, compression (comma-separated)",
     )
     ap.add_argument("--size-mib", type=int, default=1024, help="model size")
     ap.add_argument("--chunk-mib", type=int, default=1024, help="chunk size for the chunk transfer")
     ap.add_argument("--repeat", type=int, default=6)
-    ap.add_argument("--streams", type=int, help="transfer.streams of the nodes (default: the setting's default)")
+    ap.add_argument(
+        "--streams", type=int, help="transfer.streams of the nodes (default: the setting's default)"
+    )
     ap.add_argument("--small-count", type=int, default=10_000)
     ap.add_argument("--small-threads", type=int, default=4, help="HTTP client threads (0: sequential only)")
     ap.add_argument("--profile", help="directory for py-spy recordings of both node workers per transfer")

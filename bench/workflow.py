@@ -46,7 +46,9 @@ def noop(aid: str, *deps: str, **kw: Any) -> dict[str, Any]:
     return {"action_id": aid, "action_type": "noop", "node": "node1", "dependencies": list(deps), **kw}
 
 
-def run_workflow(fleet: Fleet, actions: list[dict[str, Any]], timeout: float = 600) -> tuple[float, dict[str, Any]]:
+def run_workflow(
+    fleet: Fleet, actions: list[dict[str, Any]], timeout: float = 600
+) -> tuple[float, dict[str, Any]]:
     t0 = time.perf_counter()
     code, body = fleet.post("/workflows", {"name": "bench", "actions": actions})
     assert code == 201, body
@@ -98,7 +100,9 @@ def _row(key: str, r: dict[str, Any]) -> Row:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(CASES), help="cases, comma-separated: " + ", ".join(CASES))
-    ap.add_argument("--repeat", type=int, default=3, help="runs of each case (medians and every figure printed)")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="runs of each case (medians and every figure printed)"
+    )
     ap.add_argument("--profile", help="directory for py-spy recordings of each gswarm case")
     ap.add_argument("--profile-format", default="flamegraph", choices=("flamegraph", "raw", "speedscope"))
     args = ap.parse_args()
@@ -170,14 +174,19 @@ def main() -> int:
 
         if "submit" in only:
             big = yaml.safe_dump(
-                {"name": "big", "actions": [noop(f"b{i}", *([f"b{i - 1}"] if i % 10 else [])) for i in range(1000)]}
+                {
+                    "name": "big",
+                    "actions": [noop(f"b{i}", *([f"b{i - 1}"] if i % 10 else [])) for i in range(1000)],
+                }
             )
             times = []
             for _ in range(max(3, args.repeat)):
                 with profiles.record("workflow-submit", {"web": os.getpid()}):
                     t0 = time.perf_counter()
                     r = fleet.client.post(
-                        "/api/v1/workflows", data=big, headers={**fleet.auth(), "Content-Type": "application/yaml"}
+                        "/api/v1/workflows",
+                        data=big,
+                        headers={**fleet.auth(), "Content-Type": "application/yaml"},
                     )
                     times.append(time.perf_counter() - t0)
                 assert r.status_code == 201, r.json

@@ -47,7 +47,9 @@ class GswarmTask(Task):
         self.prefetch(pipe, args, kwargs)
         replies = pipe.execute()
         count = int(replies[0])
-        self.request.gswarm_starts = int(replies[2])  # the attempt a step reports: a crash's redelivery counts
+        self.request.gswarm_starts = int(
+            replies[2]
+        )  # the attempt a step reports: a crash's redelivery counts
         self.request.gswarm_prefetched = replies[4:]
         cap = int(self.app.conf.get("gswarm_max_redeliveries", RETRY_COUNT))
         if count > cap + 1:
@@ -64,7 +66,9 @@ class GswarmTask(Task):
 class NodeTask(GswarmTask):
     """A task that runs on one node: it must be sent to that node's queue, never to a default one."""
 
-    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any) -> Any:
+    def apply_async(
+        self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
+    ) -> Any:
         if not (options.get("queue") or options.get("routing_key")) and not self.app.conf.task_always_eager:
             raise InvalidRequest(
                 f"{self.name} runs on a node: send it with send_to_node(node, ...)", {"task": self.name}
@@ -81,7 +85,8 @@ def priority_value(name: str | int | None) -> int:
     if isinstance(name, str) and name in names.PRIORITIES:
         return names.PRIORITIES[name]
     raise InvalidRequest(
-        f"priority: {name!r} is not one of {', '.join(names.PRIORITIES)}", {"field": "priority", "value": name}
+        f"priority: {name!r} is not one of {', '.join(names.PRIORITIES)}",
+        {"field": "priority", "value": name},
     )
 
 
@@ -189,7 +194,13 @@ def send_to_node(
     """Send a node task to exactly that node's queue."""
     validate_node_name(node, "node")
     return app.send_task(
-        task_name, args=args, kwargs=kwargs, queue=node, routing_key=node, priority=priority_value(priority), **options
+        task_name,
+        args=args,
+        kwargs=kwargs,
+        queue=node,
+        routing_key=node,
+        priority=priority_value(priority),
+        **options,
     )
 
 
@@ -211,7 +222,9 @@ class Channel(kombu_redis.Channel):
         transport = self.connection
         if transport.client is not None or self._client_info is None:
             return dict(super()._connparams(asynchronous))
-        transport.client = self._client_info  # closing after the connection was lost: the info it was made with
+        transport.client = (
+            self._client_info
+        )  # closing after the connection was lost: the info it was made with
         try:
             return dict(super()._connparams(asynchronous))
         finally:

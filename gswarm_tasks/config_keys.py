@@ -33,7 +33,9 @@ def _tree(paths: Iterable[str]) -> dict[str, Any]:
 def _unknown(path: str, key: str, siblings: Iterable[str], source: str) -> ConfigError:
     known = sorted(siblings)
     close = difflib.get_close_matches(key, known, n=1)
-    hint = f" (did you mean {path.rsplit('.', 1)[0] + '.' if '.' in path else ''}{close[0]}?)" if close else ""
+    hint = (
+        f" (did you mean {path.rsplit('.', 1)[0] + '.' if '.' in path else ''}{close[0]}?)" if close else ""
+    )
     where = f"`{path.rsplit('.', 1)[0]}` takes" if "." in path else "the top level takes"
     return ConfigError(
         f"{source}: {path} is not a gswarm setting{hint}; {where}: {', '.join(known)} (README, Configuration)",
@@ -90,14 +92,18 @@ def _capabilities(caps: Any, path: str, source: str, parse_size: Any) -> dict[st
     gpus = caps.get("gpus")
     if gpus is not None:
         if not isinstance(gpus, list) or not all(isinstance(g, str) and _GPU_RE.match(g) for g in gpus):
-            raise ConfigError(f"{source}: {path}.gpus must be a list like [gpu0, gpu1]", {"field": f"{path}.gpus"})
+            raise ConfigError(
+                f"{source}: {path}.gpus must be a list like [gpu0, gpu1]", {"field": f"{path}.gpus"}
+            )
         if len(set(gpus)) != len(gpus):
             raise ConfigError(f"{source}: {path}.gpus names a GPU twice", {"field": f"{path}.gpus"})
         out["gpus"] = list(gpus)
     storage = caps.get("storage")
     if storage is not None:
         if not isinstance(storage, Mapping):
-            raise ConfigError(f"{source}: {path}.storage must be a mapping (disk, dram)", {"field": f"{path}.storage"})
+            raise ConfigError(
+                f"{source}: {path}.storage must be a mapping (disk, dram)", {"field": f"{path}.storage"}
+            )
         _only(storage, STORAGE_KEYS, f"{path}.storage", source)
         out["storage"] = {k: _size(v, f"{path}.storage.{k}", source, parse_size) for k, v in storage.items()}
     return out
@@ -124,9 +130,15 @@ def parse_nodes(nodes: Any, source: str, parse_size: Any) -> list[dict[str, Any]
         if any(n["name"] == name for n in out):
             raise ConfigError(f"{source}: {path}.name: {name} is declared twice", {"field": f"{path}.name"})
         address = node.get("address")
-        if address is not None and (not isinstance(address, str) or not address.strip() or len(address) > 255):
-            raise ConfigError(f"{source}: {path}.address must be a host name or address", {"field": f"{path}.address"})
+        if address is not None and (
+            not isinstance(address, str) or not address.strip() or len(address) > 255
+        ):
+            raise ConfigError(
+                f"{source}: {path}.address must be a host name or address", {"field": f"{path}.address"}
+            )
         entry: dict[str, Any] = {"name": name, "address": address}
-        entry["capabilities"] = _capabilities(node.get("capabilities"), f"{path}.capabilities", source, parse_size)
+        entry["capabilities"] = _capabilities(
+            node.get("capabilities"), f"{path}.capabilities", source, parse_size
+        )
         out.append(entry)
     return out

@@ -104,7 +104,12 @@ class NodeContext:
 
     @classmethod
     def create(
-        cls, settings: Settings, name: str, worker: str, address: str, services: Callable[[Path], ServiceRegistry]
+        cls,
+        settings: Settings,
+        name: str,
+        worker: str,
+        address: str,
+        services: Callable[[Path], ServiceRegistry],
     ) -> NodeContext:
         """The context of node `name`, its disk root made (the dram root is made on first use); `services` makes
         the registry of its replicas from the disk root."""

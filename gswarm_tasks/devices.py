@@ -95,7 +95,9 @@ class Device:
     def expect(self, field: str, *, files: bool = False, gpu: bool = False, cpu: bool = False) -> Device:
         """This device if it is of an allowed kind (a file tier, a GPU, the CPU), else InvalidRequest naming `field`."""
         if (files and self.is_file_tier) or (
-            self.node is not None and self.index is None and ((gpu and self.is_gpu) or (cpu and self.tier == "cpu"))
+            self.node is not None
+            and self.index is None
+            and ((gpu and self.is_gpu) or (cpu and self.tier == "cpu"))
         ):
             return self
         kinds = [k for k, on in (("disk", files), ("dram", files), ("gpuN", gpu), ("cpu", cpu)) if on]
@@ -123,12 +125,21 @@ def safe_name(name: str, field: str = "name") -> str:
 
 def safe_relpath(rel: str, field: str = "path") -> tuple[str, ...]:
     """Split a manifest's relative file path (`1_Pooling/config.json`) into checked components."""
-    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel or len(rel) > 1024:
+    if (
+        not isinstance(rel, str)
+        or not rel
+        or rel.startswith("/")
+        or "\\" in rel
+        or "\x00" in rel
+        or len(rel) > 1024
+    ):
         raise InvalidRequest(f"{field}: {rel!r} is not a relative file path", {"field": field, "value": rel})
     parts = tuple(rel.split("/"))
     for part in parts:
         if part in ("", ".", "..") or len(part) > 255:
-            raise InvalidRequest(f"{field}: {rel!r} is not a relative file path", {"field": field, "value": rel})
+            raise InvalidRequest(
+                f"{field}: {rel!r} is not a relative file path", {"field": field, "value": rel}
+            )
     return parts
 
 

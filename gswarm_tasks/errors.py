@@ -12,7 +12,9 @@ class GswarmError(Exception):
     code = "INTERNAL"
     status = 500
 
-    def __init__(self, message: str, details: dict[str, Any] | None = None, *, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, details: dict[str, Any] | None = None, *, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.details = details or {}

@@ -24,7 +24,9 @@ MODEL_DELETE = "gswarm.node.model.delete"
 MODEL_REGISTER = "gswarm.node.model.register"  # verify a copy already on the node, then report it
 SERVICE_START = "gswarm.node.service.start"
 SERVICE_STOP = "gswarm.node.service.stop"
-SERVICE_PREWARM = "gswarm.node.service.prewarm"  # start the warm starter of built-in servers ahead of scale-ups
+SERVICE_PREWARM = (
+    "gswarm.node.service.prewarm"  # start the warm starter of built-in servers ahead of scale-ups
+)
 DATA_CREATE = "gswarm.node.data.create"
 DATA_CREATE_BATCH = "gswarm.node.data.create_batch"  # many small chunks, bytes in the message
 DATA_COPY = "gswarm.node.data.copy"
@@ -44,10 +46,14 @@ CONTROL_GROUP = "control"
 REPORTS_STREAM = "gswarm:reports"
 REPORTS_MAXLEN = 1_000_000
 # The kinds of report, each routed to the bookkeeping of its resource.
-REPORT_OPERATION = "operation"  # a standalone operation (a TaskRecord): started, phase, retrying, succeeded, failed
+REPORT_OPERATION = (
+    "operation"  # a standalone operation (a TaskRecord): started, phase, retrying, succeeded, failed
+)
 REPORT_STEP = "step"  # a workflow step: started, retrying, succeeded, failed, cancelled
 REPORT_SERVICES = "services"  # the health of every service a node runs, after each round of checks
-DEAD_REPORTS_STREAM = "gswarm:reports:dead"  # reports the control plane could not apply, kept for a person to read
+DEAD_REPORTS_STREAM = (
+    "gswarm:reports:dead"  # reports the control plane could not apply, kept for a person to read
+)
 HEARTBEAT_STREAM = "gswarm:heartbeats"
 HEARTBEAT_MAXLEN = 100_000
 FRAMES_MAXLEN = 200_000  # per node: 55 h at 1 Hz, 5.5 h at 10 Hz
@@ -70,8 +76,12 @@ PROFILER_SESSIONS_KEY = "gswarm:profiler:sessions"  # hash: session -> what its 
 METRICS_LATEST_KEY = "gswarm:metrics:latest"  # hash: node -> its newest frame
 METRICS_SEEN_KEY = "gswarm:metrics:latest:seen"
 SERVICE_LAST_REQUEST_KEY = "gswarm:services:last-request"  # hash: service -> time of its last gateway request
-ENGINE_METRICS_KEY = "gswarm:serve:engine-metrics"  # hash: replica -> {at, node, text}: its engine's last /metrics
-SWEEP_ASKED_KEY = "gswarm:services:sweep-asked"  # set (with a short expiry) while a gateway's sweep is asked for
+ENGINE_METRICS_KEY = (
+    "gswarm:serve:engine-metrics"  # hash: replica -> {at, node, text}: its engine's last /metrics
+)
+SWEEP_ASKED_KEY = (
+    "gswarm:services:sweep-asked"  # set (with a short expiry) while a gateway's sweep is asked for
+)
 # Pub/sub: every change of a node, task, workflow step, service or profiler session, as JSON, published by the
 # process that committed it (the control worker as it applies reports, the web app for what a request changed);
 # each web process forwards it to its /api/v1/events sockets.
@@ -86,8 +96,12 @@ SERVE_PROC_PREFIX = "gswarm:serve:proc:"
 SERVE_LEASE_PREFIX = "gswarm:serve:lease:"
 SERVE_DRAINING_KEY = "gswarm:serve:draining"  # set: replicas that take no new request
 SERVE_VERSION_KEY = "gswarm:serve:version"  # changes whenever a replica starts or stops serving
-SERVE_TURNS_KEY = "gswarm:serve:turns"  # hash: model -> the next turn (ties and round_robin, across processes)
-SERVE_STATS_PREFIX = "gswarm:serve:stats:"  # hash per replica (or `svc:<service>`): counters and histogram buckets
+SERVE_TURNS_KEY = (
+    "gswarm:serve:turns"  # hash: model -> the next turn (ties and round_robin, across processes)
+)
+SERVE_STATS_PREFIX = (
+    "gswarm:serve:stats:"  # hash per replica (or `svc:<service>`): counters and histogram buckets
+)
 AUTOSCALER_LOCK_KEY = "gswarm:lock:autoscaler"  # one autoscaler tick at a time across control workers
 KEEP_S = 7 * 24 * 3600  # how long per-task keys live
 

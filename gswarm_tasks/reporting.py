@@ -34,7 +34,9 @@ def report(
     doc = {"kind": kind, "id": subject, "event": event, "data": data or {}, "time": at or time.time()}
     if workflow_id is not None:
         doc["workflow_id"] = workflow_id
-    client.xadd(names.REPORTS_STREAM, {"event": json.dumps(doc)}, maxlen=names.REPORTS_MAXLEN, approximate=True)
+    client.xadd(
+        names.REPORTS_STREAM, {"event": json.dumps(doc)}, maxlen=names.REPORTS_MAXLEN, approximate=True
+    )
 
 
 def redis_of(task: Task) -> redis.Redis:
@@ -49,7 +51,11 @@ class Reporter:
     """Progress (bytes done / total, phase) for `GET /queue/tasks/{id}`, and the operation's events."""
 
     def __init__(
-        self, task: Task, op_id: str, interval_s: float = 0.5, sink: Callable[[str, dict[str, Any]], None] | None = None
+        self,
+        task: Task,
+        op_id: str,
+        interval_s: float = 0.5,
+        sink: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.task = task
         self.sink = sink
@@ -84,7 +90,11 @@ class Reporter:
 
     def flush(self) -> None:
         self._last = time.monotonic()
-        mapping: dict[str, str | int | float] = {"phase": self.phase, "done": self.done, "updated_at": time.time()}
+        mapping: dict[str, str | int | float] = {
+            "phase": self.phase,
+            "done": self.done,
+            "updated_at": time.time(),
+        }
         if self.total is not None:
             mapping["total"] = self.total
         try:

@@ -65,7 +65,9 @@ def parse_engine_paths(value: Any) -> dict[str, str]:
         except ValueError as exc:
             raise ValueError(f"not a JSON mapping: {exc}") from None
     pairs = value.items() if isinstance(value, dict) else []
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in pairs):
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in pairs
+    ):
         raise ValueError("a mapping of preset name -> directory (whose bin/ holds the engine's programs)")
     return {k: str(Path(v).expanduser()) for k, v in value.items()}
 
@@ -140,7 +142,9 @@ def _removed_serve_command(v: Any) -> None:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("home", "GSWARM_HOME", None, str, "State directory: database, token, logs, local storage (~/.gswarm)"),
+    Option(
+        "home", "GSWARM_HOME", None, str, "State directory: database, token, logs, local storage (~/.gswarm)"
+    ),
     Option("config_file", "GSWARM_CONFIG", None, _opt_str, "Config file (default $GSWARM_HOME/config.yaml)"),
     Option(
         "database_url",
@@ -187,8 +191,16 @@ OPTIONS: tuple[Option, ...] = (
         _opt_str,
         "The broker's credential `gswarm client connect HOST:PORT` joins with: the host's $GSWARM_HOME/redis.password",
     ),
-    Option("api_url", "GSWARM_API_URL", "cluster.api_url", _opt_str, "API the CLI talks to (http://127.0.0.1:8091)"),
-    Option("token", "GSWARM_TOKEN", None, _opt_str, "Bearer token the CLI sends (default: $GSWARM_HOME/token)"),
+    Option(
+        "api_url",
+        "GSWARM_API_URL",
+        "cluster.api_url",
+        _opt_str,
+        "API the CLI talks to (http://127.0.0.1:8091)",
+    ),
+    Option(
+        "token", "GSWARM_TOKEN", None, _opt_str, "Bearer token the CLI sends (default: $GSWARM_HOME/token)"
+    ),
     Option(
         "api_body_timeout_s",
         "GSWARM_API_BODY_TIMEOUT",
@@ -774,7 +786,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         check_keys(loaded, (o.path for o in OPTIONS if o.path), config_file)
         doc = loaded
     elif env.get("GSWARM_CONFIG"):
-        raise ConfigError(f"GSWARM_CONFIG names {config_file}, which does not exist", {"field": "GSWARM_CONFIG"})
+        raise ConfigError(
+            f"GSWARM_CONFIG names {config_file}, which does not exist", {"field": "GSWARM_CONFIG"}
+        )
 
     values: dict[str, Any] = {"home": str(home), "config_file": config_file}
     for opt in OPTIONS:

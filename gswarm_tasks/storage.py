@@ -22,7 +22,9 @@ from .devices import FILE_TIERS, Device, file_path, safe_name
 from .errors import InvalidRequest, ResourceUnavailable, VerificationError
 
 MANIFEST_FILE = ".gswarm-manifest.json"
-RESERVED_FILE = ".gswarm-reserved"  # in a staging directory: the bytes its operation counted against the quota
+RESERVED_FILE = (
+    ".gswarm-reserved"  # in a staging directory: the bytes its operation counted against the quota
+)
 STAGING = ".staging"
 CHUNK = 8 * 1024 * 1024
 HASH_BLOCK = 16 * 1024 * 1024  # the unit of transfer ranges and of per-block hashes
@@ -56,7 +58,9 @@ class Tiers:
                     {"device": f"{self.node}:dram"},
                 )
             return self.dram
-        raise InvalidRequest(f"{self.node}:{tier} is not a file tier (disk or dram)", {"device": f"{self.node}:{tier}"})
+        raise InvalidRequest(
+            f"{self.node}:{tier} is not a file tier (disk or dram)", {"device": f"{self.node}:{tier}"}
+        )
 
     def path(self, tier: str, kind: str, name: str) -> Path:
         return self.root(tier).joinpath(*prefix(tier, kind, name).split("/")[1:])
@@ -169,7 +173,8 @@ def check_file(path: Path, expected: dict[str, Any], rel: str) -> None:
         raise VerificationError(f"{rel}: missing", {"file": rel})
     if path.stat().st_size != expected["size"]:
         raise VerificationError(
-            f"{rel}: size {path.stat().st_size} != {expected['size']}", {"file": rel, "expected": expected["size"]}
+            f"{rel}: size {path.stat().st_size} != {expected['size']}",
+            {"file": rel, "expected": expected["size"]},
         )
     got = hash_file(path, sha256="blake3" not in expected)
     key = "blake3" if "blake3" in expected else "sha256"
@@ -297,7 +302,11 @@ def reserve(models: Path, staging: Path, need: int, cap: int, name: str) -> None
     models.parent.mkdir(parents=True, exist_ok=True)
     with open(models.parent / ".gswarm-quota.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        kept = sum(tree_size(d) for d in models.iterdir() if d.is_dir() and d.name != name) if models.is_dir() else 0
+        kept = (
+            sum(tree_size(d) for d in models.iterdir() if d.is_dir() and d.name != name)
+            if models.is_dir()
+            else 0
+        )
         reserved = 0
         for other in staging.parent.iterdir():
             if other != staging and (other / RESERVED_FILE).is_file():
@@ -306,6 +315,11 @@ def reserve(models: Path, staging: Path, need: int, cap: int, name: str) -> None
             raise ResourceUnavailable(
                 f"models.cache_size: {name} needs {need} bytes, and the models on this disk take {kept} (and "
                 f"{reserved} more are on their way) of {cap}; delete a copy or raise models.cache_size",
-                {"field": "models.cache_size", "need_bytes": need, "used_bytes": kept + reserved, "cap_bytes": cap},
+                {
+                    "field": "models.cache_size",
+                    "need_bytes": need,
+                    "used_bytes": kept + reserved,
+                    "cap_bytes": cap,
+                },
             )
         (staging / RESERVED_FILE).write_text(str(need))

@@ -90,7 +90,9 @@ def _host(raw: str, field_name: str, value: str) -> str:
         try:
             raw = idna.encode(raw, uts46=True).decode("ascii")
         except (idna.IDNAError, UnicodeError) as exc:
-            raise _refuse(field_name, value, "has a host that is not a valid internationalized domain name") from exc
+            raise _refuse(
+                field_name, value, "has a host that is not a valid internationalized domain name"
+            ) from exc
     host = raw.lower()
     labels = host.split(".")
     if len(host) > 253 or not all(_LABEL_RE.fullmatch(label) for label in labels):
@@ -99,12 +101,16 @@ def _host(raw: str, field_name: str, value: str) -> str:
         try:
             return str(ipaddress.IPv4Address(host))
         except ValueError as exc:
-            raise _refuse(field_name, value, "has a numeric host that is not a canonical IPv4 address") from exc
+            raise _refuse(
+                field_name, value, "has a numeric host that is not a canonical IPv4 address"
+            ) from exc
     if any(label.startswith("xn--") for label in labels):
         try:
             idna.decode(host)
         except (idna.IDNAError, UnicodeError) as exc:
-            raise _refuse(field_name, value, "has a host that is not a valid internationalized domain name") from exc
+            raise _refuse(
+                field_name, value, "has a host that is not a valid internationalized domain name"
+            ) from exc
     return host
 
 
@@ -146,7 +152,9 @@ def parse_url(value: Any, field_name: str = "url", schemes: Iterable[str] = ("ht
     m = _URL_RE.fullmatch(value)
     allowed = tuple(schemes)
     if m is None or m.group(1).lower() not in allowed:
-        raise _refuse(field_name, value, f"is not a URL with scheme {' or '.join(s + '://' for s in allowed)}")
+        raise _refuse(
+            field_name, value, f"is not a URL with scheme {' or '.join(s + '://' for s in allowed)}"
+        )
     scheme, authority, rest = m.group(1).lower(), m.group(2), m.group(3)
     if "@" in authority:
         raise _refuse(field_name, value, "has user information (user@host), which is not allowed")
@@ -283,11 +291,15 @@ def resolve(url: Url, allow: Allow, field_name: str) -> str:
     try:
         infos = socket.getaddrinfo(url.host, url.port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
-        raise NetworkError(f"{field_name}: {url.host} does not resolve: {exc}"[:300], {"field": field_name}) from exc
+        raise NetworkError(
+            f"{field_name}: {url.host} does not resolve: {exc}"[:300], {"field": field_name}
+        ) from exc
     addrs = list(dict.fromkeys(str(info[4][0]).split("%", 1)[0] for info in infos))
     for a in addrs:
         if not allow.permits_address(url, ipaddress.ip_address(a)):
-            raise _refuse(field_name, str(url), f"resolves to {a}, a private address not named in {allow.setting}")
+            raise _refuse(
+                field_name, str(url), f"resolves to {a}, a private address not named in {allow.setting}"
+            )
     if not addrs:
         raise NetworkError(f"{field_name}: {url.host} has no address", {"field": field_name})
     return addrs[0]
@@ -338,7 +350,8 @@ def fetch(
             )
         except urllib3.exceptions.HTTPError as exc:
             raise NetworkError(
-                f"{field_name}: {method} {url} failed: {type(exc).__name__}: {exc}"[:500], {"field": field_name}
+                f"{field_name}: {method} {url} failed: {type(exc).__name__}: {exc}"[:500],
+                {"field": field_name},
             ) from exc
         try:
             if 300 <= r.status < 400:

@@ -98,7 +98,13 @@ def reports_consumer(consumer: str) -> StreamConsumer:
         },
     )
     return StreamConsumer(
-        _client(), names.REPORTS_STREAM, names.CONTROL_GROUP, intake, consumer, batch=2000, min_interval_s=0.05
+        _client(),
+        names.REPORTS_STREAM,
+        names.CONTROL_GROUP,
+        intake,
+        consumer,
+        batch=2000,
+        min_interval_s=0.05,
     )
 
 
@@ -107,7 +113,9 @@ def heartbeats_consumer(consumer: str) -> StreamConsumer:
         with flask_app.app_context():
             node_state.apply_heartbeats(entries)
 
-    return StreamConsumer(_client(), names.HEARTBEAT_STREAM, names.CONTROL_GROUP, handle, consumer, min_interval_s=0.5)
+    return StreamConsumer(
+        _client(), names.HEARTBEAT_STREAM, names.CONTROL_GROUP, handle, consumer, min_interval_s=0.5
+    )
 
 
 ControlConsumers.builders = [

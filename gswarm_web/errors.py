@@ -95,7 +95,9 @@ class GswarmApi(Api):
             text = "; ".join(f"{f}: {m}" for f, m in pairs)
             # The fields are named in the body only: a header would carry what the request sent (newlines, any
             # character), which is how a bad field name once turned a 422 into a 500.
-            return error_response(422, "INVALID_REQUEST", f"invalid request: {text}", {"fields": dict(_group(pairs))})
+            return error_response(
+                422, "INVALID_REQUEST", f"invalid request: {text}", {"fields": dict(_group(pairs))}
+            )
         if status >= 500:
             return error_response(status, "INTERNAL", "internal error; see the server log", {})
         message = data.get("message") or error.description or error.name

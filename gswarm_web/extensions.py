@@ -39,7 +39,9 @@ def redis_client() -> redis.Redis:
     """This app's Redis client (streams, progress, cancel marks, frames)."""
     client: Any = current_app.extensions.get("gswarm_redis")
     if client is None:
-        client = redis.Redis.from_url(settings().effective_redis_url, socket_timeout=2, socket_connect_timeout=2)
+        client = redis.Redis.from_url(
+            settings().effective_redis_url, socket_timeout=2, socket_connect_timeout=2
+        )
         current_app.extensions["gswarm_redis"] = client
     return client
 

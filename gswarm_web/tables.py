@@ -53,7 +53,9 @@ class Node(db.Model):  # type: ignore[name-defined]
     gpu_metrics: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     gpu_fingerprint: Mapped[str | None] = mapped_column(String(64))
     file_port: Mapped[int | None] = mapped_column(Integer)
-    frames_dropped: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # frames lost to a bound
+    frames_dropped: Mapped[int] = mapped_column(
+        Integer, default=0, server_default="0"
+    )  # frames lost to a bound
     # The serving engines it can run: preset -> {version, program, distribution}; None until it said.
     engines: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     allow_remote_code: Mapped[bool | None] = mapped_column(db.Boolean)  # its models.allow_remote_code
@@ -189,7 +191,9 @@ class Replica(db.Model):  # type: ignore[name-defined]
     placement: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     engine: Mapped[str | None] = mapped_column(String(32))  # the preset its node started (`auto` resolved)
     draining_since: Mapped[datetime | None] = mapped_column(UTCDateTime)  # scaled down: no new request since
-    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # its service's, when it began
+    generation: Mapped[int] = mapped_column(
+        Integer, default=0, server_default="0"
+    )  # its service's, when it began
     last_check_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -210,7 +214,9 @@ class ScalingEvent(db.Model):  # type: ignore[name-defined]
     to_replicas: Mapped[int] = mapped_column(Integer)
     direction: Mapped[str] = mapped_column(String(8))  # up, down
     reason: Mapped[str] = mapped_column(String(500))
-    load: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # in flight, waiting, queue wait: what it decided on
+    load: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON
+    )  # in flight, waiting, queue wait: what it decided on
 
 
 class WorkflowRun(db.Model):  # type: ignore[name-defined]
@@ -259,7 +265,9 @@ class TaskRecord(db.Model):  # type: ignore[name-defined]
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     progress_done_bytes: Mapped[int | None] = mapped_column(db.BigInteger)
     progress_total_bytes: Mapped[int | None] = mapped_column(db.BigInteger)
-    workflow_id: Mapped[str | None] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"), index=True)
+    workflow_id: Mapped[str | None] = mapped_column(
+        ForeignKey("workflows.id", ondelete="CASCADE"), index=True
+    )
     step_id: Mapped[str | None] = mapped_column(String(64))
     depends_on: Mapped[list[str] | None] = mapped_column(JSON)
     segment: Mapped[int | None] = mapped_column(Integer)
@@ -293,7 +301,9 @@ class ProfilerSession(db.Model):  # type: ignore[name-defined]
     summary_by_device: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     summary_by_node: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     request_time_info: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
-    sealed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # its frames archived whole, its file written
+    sealed_at: Mapped[datetime | None] = mapped_column(
+        UTCDateTime
+    )  # its frames archived whole, its file written
     output_file: Mapped[str | None] = mapped_column(String(1024))
 
 
@@ -367,7 +377,9 @@ class ChunkRef(db.Model):  # type: ignore[name-defined]
     chunk_id: Mapped[str] = mapped_column(ForeignKey("data_chunks.id", ondelete="CASCADE"), primary_key=True)
     holder: Mapped[str] = mapped_column(String(160), primary_key=True)
     kind: Mapped[str] = mapped_column(String(16), default="pin")
-    workflow_id: Mapped[str | None] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"), index=True)
+    workflow_id: Mapped[str | None] = mapped_column(
+        ForeignKey("workflows.id", ondelete="CASCADE"), index=True
+    )
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     chunk: Mapped[DataChunk] = relationship(back_populates="refs")

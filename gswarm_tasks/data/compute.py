@@ -58,10 +58,14 @@ def run_inference(
         body["model"] = model
     url = parse_url(service_url, field).join(endpoint, "endpoint")
     sent = {"Content-Type": "application/json", **(headers or {})}
-    with fetch(url, allow, field, "POST", body=json.dumps(body).encode(), headers=sent, timeout=(10, 600)) as r:
+    with fetch(
+        url, allow, field, "POST", body=json.dumps(body).encode(), headers=sent, timeout=(10, 600)
+    ) as r:
         answer = read_bounded(r, max_bytes, field)
         if r.status >= 500:
-            raise NetworkError(f"inference at {url} answered {r.status}", {"url": str(url), "status": r.status})
+            raise NetworkError(
+                f"inference at {url} answered {r.status}", {"url": str(url), "status": r.status}
+            )
         if r.status != 200:
             raise TaskFailed(
                 f"inference at {url} answered {r.status}: {answer[:300].decode(errors='replace')}",
@@ -79,6 +83,8 @@ def merge_chunks(parts: list[tuple[bytes, str | None]], fmt: str | None) -> tupl
         try:
             docs = [json.loads(data) for data, _ in parts]
         except ValueError as exc:
-            raise InvalidRequest("format: json merge of a chunk that is not JSON", {"field": "format"}) from exc
+            raise InvalidRequest(
+                "format: json merge of a chunk that is not JSON", {"field": "format"}
+            ) from exc
         return json.dumps(docs).encode(), "json"
     return b"".join(data for data, _ in parts), fmt

@@ -86,21 +86,27 @@ def _fetch_http(src: DataSource, dest: Path, settings: Settings, progress: Progr
             raise NetworkError(f"source: {src.url} answered {r.status}", {"status": r.status})
         declared = int(r.headers.get("Content-Length") or 0)
         if declared > max_size:
-            raise InvalidRequest(f"source: {declared} bytes is over data.max_size ({max_size})", {"field": "source"})
+            raise InvalidRequest(
+                f"source: {declared} bytes is over data.max_size ({max_size})", {"field": "source"}
+            )
         got = 0
         try:
             with open(dest, "wb") as f:
                 for block in r.stream(CHUNK):
                     got += len(block)
                     if got > max_size:
-                        raise InvalidRequest(f"source: more than data.max_size ({max_size}) bytes", {"field": "source"})
+                        raise InvalidRequest(
+                            f"source: more than data.max_size ({max_size}) bytes", {"field": "source"}
+                        )
                     f.write(block)
                     if progress:
                         progress(len(block))
                 f.flush()
                 os.fsync(f.fileno())
         except urllib3.exceptions.HTTPError as exc:
-            raise NetworkError(f"source: fetching {src.url} failed: {type(exc).__name__}: {exc}"[:500]) from exc
+            raise NetworkError(
+                f"source: fetching {src.url} failed: {type(exc).__name__}: {exc}"[:500]
+            ) from exc
 
 
 def _fetch_s3(url: str, dest: Path, settings: Settings) -> None:
@@ -126,12 +132,19 @@ def _fetch_s3(url: str, dest: Path, settings: Settings) -> None:
         ) from exc
     except ClientError as exc:
         err = exc.response.get("Error", {})
-        code, status = str(err.get("Code", "")), int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+        code, status = (
+            str(err.get("Code", "")),
+            int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)),
+        )
         if status == 404 or code in ("404", "NoSuchKey", "NoSuchBucket", "NotFound"):
             raise NotFound(f"source: {url} does not exist", {"field": "source", "value": url}) from exc
         if status == 403 or code in ("403", "AccessDenied", "Forbidden"):
-            raise Forbidden(f"source: this node's AWS credentials may not read {url}", {"field": "source"}) from exc
-        raise NetworkError(f"source: S3 refused {url}: {code or status} {err.get('Message', '')}"[:500]) from exc
+            raise Forbidden(
+                f"source: this node's AWS credentials may not read {url}", {"field": "source"}
+            ) from exc
+        raise NetworkError(
+            f"source: S3 refused {url}: {code or status} {err.get('Message', '')}"[:500]
+        ) from exc
     except BotoCoreError as exc:
         raise NetworkError(f"source: fetching {url} failed: {exc}"[:500], {"field": "source"}) from exc
 

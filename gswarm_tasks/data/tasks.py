@@ -40,7 +40,9 @@ def create(
         if data_key is not None:
             staged = rep.client.get(data_key)
             if staged is None:
-                raise InvalidRequest(f"chunk {chunk_id}: its bytes are no longer in Redis", {"chunk_id": chunk_id})
+                raise InvalidRequest(
+                    f"chunk {chunk_id}: its bytes are no longer in Redis", {"chunk_id": chunk_id}
+                )
             text = staged.decode() if isinstance(staged, bytes) else str(staged)
         data = base64.b64decode(text, validate=True) if text is not None else None
         out = store_chunk(node, settings, chunk_id, tier, data, source_url, checksum, rep.progress, link_from)
@@ -53,7 +55,11 @@ def create(
 
 @app.task(name=names.DATA_CREATE_BATCH, base=NodeTask, bind=True)
 def create_batch(
-    self: Task, op_id: str, tier: str, chunks: list[dict[str, Any]] | None = None, chunks_key: str | None = None
+    self: Task,
+    op_id: str,
+    tier: str,
+    chunks: list[dict[str, Any]] | None = None,
+    chunks_key: str | None = None,
 ) -> dict[str, Any]:
     """Store many small chunks (`chunk_id`, `data_b64`, `checksum` each) that came in the message, or wait in
     Redis under `chunks_key` when together they were too large for it; one operation: one report when all are
@@ -67,14 +73,22 @@ def create_batch(
         if chunks_key is not None:
             staged = rep.client.get(chunks_key)
             if staged is None:
-                raise InvalidRequest(f"the batch's bytes are no longer in Redis ({chunks_key})", {"key": chunks_key})
+                raise InvalidRequest(
+                    f"the batch's bytes are no longer in Redis ({chunks_key})", {"key": chunks_key}
+                )
             given = json.loads(staged)
         stored = []
         for c in given or []:
             data = base64.b64decode(c["data_b64"], validate=True)
             stored.append(
                 store_chunk(
-                    node, settings, c["chunk_id"], tier, data, checksum=c.get("checksum"), link_from=c.get("link_from")
+                    node,
+                    settings,
+                    c["chunk_id"],
+                    tier,
+                    data,
+                    checksum=c.get("checksum"),
+                    link_from=c.get("link_from"),
                 )
             )
             rep.progress(len(data))

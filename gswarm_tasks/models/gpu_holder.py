@@ -25,7 +25,9 @@ def load(model_path: Path, device: str) -> dict[str, Any]:
         raise SystemExit(f"RESOURCE_UNAVAILABLE: {device} is not available on this host (no CUDA)")
     index = int(device.split(":", 1)[1]) if ":" in device else 0
     if index >= torch.cuda.device_count():
-        raise SystemExit(f"RESOURCE_UNAVAILABLE: {device} is not available (this host has {torch.cuda.device_count()})")
+        raise SystemExit(
+            f"RESOURCE_UNAVAILABLE: {device} is not available (this host has {torch.cuda.device_count()})"
+        )
     before = torch.cuda.memory_allocated(index)
     tensors: dict[str, Any] = {}
     files = sorted(model_path.rglob("*.safetensors"))

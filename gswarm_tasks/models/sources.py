@@ -48,7 +48,9 @@ def parse_source(url: str, allowed_roots: Sequence[str], field: str = "source_ur
     parsed = urlparse(url)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):
-            raise InvalidRequest(f"{field}: file URLs must be local (file:///path)", {"field": field, "value": url})
+            raise InvalidRequest(
+                f"{field}: file URLs must be local (file:///path)", {"field": field, "value": url}
+            )
         path = Path(unquote(parsed.path)).resolve()
         roots = [Path(r).resolve() for r in allowed_roots]
         if not any(path == r or r in path.parents for r in roots):
@@ -79,7 +81,8 @@ def _hf_url(url: str, field: str) -> Source:
     if parsed.origin not in origins:
         shown = ", ".join(o.removesuffix(":443") for o in origins)
         raise InvalidRequest(
-            f"{field}: {parsed.origin!r} is not the Hugging Face hub ({shown})", {"field": field, "value": url}
+            f"{field}: {parsed.origin!r} is not the Hugging Face hub ({shown})",
+            {"field": field, "value": url},
         )
     parts = [p for p in parsed.target.split("?", 1)[0].split("/") if p]
     if len(parts) < 2:
@@ -92,7 +95,9 @@ def _hf_url(url: str, field: str) -> Source:
 
 def _hf(repo: str, rev: str | None, url: str, field: str) -> Source:
     if not _REPO_RE.match(repo) or ".." in repo:
-        raise InvalidRequest(f"{field}: {repo!r} is not a Hugging Face repository id", {"field": field, "value": url})
+        raise InvalidRequest(
+            f"{field}: {repo!r} is not a Hugging Face repository id", {"field": field, "value": url}
+        )
     if rev is not None and (not _REV_RE.match(rev) or ".." in rev):
         raise InvalidRequest(f"{field}: {rev!r} is not a revision", {"field": field, "value": url})
     return Source("hf", repo_id=repo, revision=rev)
@@ -181,7 +186,9 @@ def verify_against_hub(dest: Path, manifest: dict[str, Any], expected: dict[str,
         if got is None:
             raise VerificationError(f"{rel}: listed by the hub but not downloaded", {"file": rel})
         if exp.get("size") is not None and got["size"] != exp["size"]:
-            raise VerificationError(f"{rel}: size {got['size']} differs from the hub's {exp['size']}", {"file": rel})
+            raise VerificationError(
+                f"{rel}: size {got['size']} differs from the hub's {exp['size']}", {"file": rel}
+            )
         if exp.get("sha256"):
             if got["sha256"] != exp["sha256"]:
                 raise VerificationError(f"{rel}: sha256 differs from the hub's", {"file": rel})

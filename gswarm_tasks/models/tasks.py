@@ -61,7 +61,9 @@ def _reserve(node: NodeContext, settings: Settings, tier: str, staging: Path, ne
         reserve(node.tiers.root("disk") / "models", staging, need, settings.cache_size, model)
 
 
-def op_download(node: NodeContext, settings: Settings, op_id: str, model: str, source_url: str, tier: str) -> Op:
+def op_download(
+    node: NodeContext, settings: Settings, op_id: str, model: str, source_url: str, tier: str
+) -> Op:
     staging = node.tiers.staging_dir(tier, f"dl-{op_id}")
 
     def body(rep: Reporter) -> dict[str, Any]:
@@ -120,7 +122,9 @@ def op_copy(
                 else fetch_manifest(source["address"], int(source["port"]), token, prefix)
             )
             if man is None:
-                raise NotFound(f"{model} is not on {Device(source['node'], source['tier'])}", {"model": model})
+                raise NotFound(
+                    f"{model} is not on {Device(source['node'], source['tier'])}", {"model": model}
+                )
         final = node.tiers.model_dir(target_tier, model)
         existing = read_manifest(final)
         if existing is not None and manifest_digest(existing) == manifest_digest(man):
@@ -212,7 +216,12 @@ def op_move(
                 {"kind": "gpu", "model": model, "device": str(target)},
                 settings.serve_ready_timeout_s,
             )
-            return {"device": str(target), "path": None, "size_bytes": man["total_bytes"], "pid": entry["pid"]}
+            return {
+                "device": str(target),
+                "path": None,
+                "size_bytes": man["total_bytes"],
+                "pid": entry["pid"],
+            }
 
         return load, None
 
@@ -220,7 +229,9 @@ def op_move(
 
     def body(rep: Reporter) -> dict[str, Any]:
         if source_tier == target_tier:
-            raise InvalidRequest("target_device: the model is already on that device", {"field": "target_device"})
+            raise InvalidRequest(
+                "target_device: the model is already on that device", {"field": "target_device"}
+            )
         man = manifest_now()
         _reserve(node, settings, target_tier, staging, int(man["total_bytes"]), model)
         rep.set_phase("moving", total=int(man["total_bytes"]))
@@ -335,12 +346,16 @@ def move(
     keep_source: bool = False,
 ) -> dict[str, Any]:
     """Move (or copy) a model between tiers of this node: disk <-> dram, or load it into GPU memory."""
-    op = op_move(require_node(), settings_of(self.app), op_id, model, manifest, source_tier, target_tier, keep_source)
+    op = op_move(
+        require_node(), settings_of(self.app), op_id, model, manifest, source_tier, target_tier, keep_source
+    )
     return run_task(self, op_id, op, model, [source_tier, target_tier])
 
 
 @app.task(name=names.MODEL_REGISTER, **OPTS)
-def register(self: Task, op_id: str, model: str, tier: str, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+def register(
+    self: Task, op_id: str, model: str, tier: str, manifest: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Verify a model copy that is already in a file tier of this node, and report it."""
     return run_task(self, op_id, op_register(require_node(), model, tier, manifest), model, [tier])
 

@@ -75,7 +75,11 @@ def _on_setup(sender: str, instance: Any, **_: Any) -> None:
     if name is None:
         return
     node = NodeContext.create(
-        settings, name, sender, settings.node_address or route_address(settings.effective_redis_url), ServiceRegistry
+        settings,
+        name,
+        sender,
+        settings.node_address or route_address(settings.effective_redis_url),
+        ServiceRegistry,
     )
     try:  # the dram tier exists only where its tmpfs does, private to this user; it is reported, never faked
         node.tiers.root("dram")
@@ -99,7 +103,9 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     roots = {"disk": node.storage_root}
     if node.dram_available():
         roots["dram"] = node.dram_root
-    _threads.file_server = _start_file_server(node, roots, client, settings.file_host or node.address, settings)
+    _threads.file_server = _start_file_server(
+        node, roots, client, settings.file_host or node.address, settings
+    )
     node.file_port = _threads.file_server.port
     log.info("file server of %s on %s:%s", node.name, settings.file_host or node.address, node.file_port)
 
@@ -107,7 +113,9 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         scraped = {s["service_id"]: s.pop("metrics") for s in services if "metrics" in s}
         if scraped:  # the engines' own metrics, for the control plane's /metrics (control/engine_metrics.py)
             at = time.time()
-            docs = {sid: json.dumps({"at": at, "node": node.name, "text": text}) for sid, text in scraped.items()}
+            docs = {
+                sid: json.dumps({"at": at, "node": node.name, "text": text}) for sid, text in scraped.items()
+            }
             client.hset(names.ENGINE_METRICS_KEY, mapping=docs)
         report(client, names.REPORT_SERVICES, node.name, "health", {"services": services})
 
@@ -190,7 +198,9 @@ def _on_task_failure(
             running = client.get(names.inline_step_key(str(task_id))) if task_id else None
             if running:
                 ref = json.loads(running)
-                report(client, names.REPORT_STEP, ref["task_id"], "failed", error, workflow_id=ref["workflow_id"])
+                report(
+                    client, names.REPORT_STEP, ref["task_id"], "failed", error, workflow_id=ref["workflow_id"]
+                )
         elif (kwargs or {}).get("op_id"):
             report(redis_of(sender), names.REPORT_OPERATION, kwargs["op_id"], "failed", error)
     except Exception as exc:

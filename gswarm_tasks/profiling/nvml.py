@@ -125,7 +125,11 @@ class NvitopSource:
         from nvitop.api import libnvml
 
         count = dev.nvlink_link_count()  # 0 where NVLink is not supported; nvitop remembers it per device
-        up = [i for i in range(count) if libnvml.nvmlQuery("nvmlDeviceGetNvLinkState", dev.handle, i) == _LINK_UP]
+        up = [
+            i
+            for i in range(count)
+            if libnvml.nvmlQuery("nvmlDeviceGetNvLinkState", dev.handle, i) == _LINK_UP
+        ]
         if not up:
             return {}
         now = time.monotonic()
@@ -166,8 +170,12 @@ def _processes(dev: Any) -> list[dict[str, Any]] | None:
             continue
         memory = memory if memory is not None else {}
         for p in listed:
-            if memory.get(p.pid) is None:  # a process with both contexts is listed twice: keep a figure over none
-                memory[p.pid] = p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None  # None: MIG, WDDM
+            if (
+                memory.get(p.pid) is None
+            ):  # a process with both contexts is listed twice: keep a figure over none
+                memory[p.pid] = (
+                    p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None
+                )  # None: MIG, WDDM
     if memory is None:
         return None
     out = []
@@ -194,7 +202,9 @@ def _put(row: dict[str, Any], key: str, value: Any) -> None:
 class FakeGpuSource:
     """Deterministic GPUs for tests and benchmarks (`GSWARM_FAKE_GPUS=N`): readings follow a slow sine."""
 
-    def __init__(self, count: int, name: str = "Fake H100 80GB", memory_total_bytes: int = 80 * 1024**3) -> None:
+    def __init__(
+        self, count: int, name: str = "Fake H100 80GB", memory_total_bytes: int = 80 * 1024**3
+    ) -> None:
         self.count = count
         self.name = name
         self.total = memory_total_bytes

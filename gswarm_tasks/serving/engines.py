@@ -22,14 +22,22 @@ from ..errors import ConfigError, InvalidRequest
 
 OPENAI_ROUTES = ("/v1/models", "/v1/embeddings", "/v1/completions", "/v1/chat/completions")
 KEY_HEADER = "X-Gswarm-Service-Key"  # the per-service secret the gateway sends; the built-in server checks it
-REQUEST_KEYS = ("engine", "backend", "framework")  # how a request names its preset (backend, framework: aliases)
+REQUEST_KEYS = (
+    "engine",
+    "backend",
+    "framework",
+)  # how a request names its preset (backend, framework: aliases)
 AUTO = "auto"  # the node chooses the preset (`resolve_auto`)
 TP_PARAM = "tensor_parallel_size"  # the GPUs of one node a replica spans
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$")
 _PLACEHOLDERS = {"python", "path", "host", "port", "model"}
 
 
-ALL_ROUTES = (*OPENAI_ROUTES, "/v1/rerank", "/v1/score")  # what the gateway passes through, to engines that serve it
+ALL_ROUTES = (
+    *OPENAI_ROUTES,
+    "/v1/rerank",
+    "/v1/score",
+)  # what the gateway passes through, to engines that serve it
 GENERATIVE_TYPES = frozenset({"llm", "chat", "causal-lm", "text-generation", "completion", "completions"})
 
 
@@ -79,8 +87,12 @@ class Engine:
     key_env: str | None = None  # the variable the engine reads a bearer key from (None: it cannot check one)
     routes: tuple[str, ...] = OPENAI_ROUTES
     trust_flag: str | None = "--trust-remote-code"  # given when the model's registration asks for remote code
-    ready_path: str | None = None  # readiness: GET answers 200 once the weights are loaded (None: health_path)
-    metrics_path: str | None = None  # the engine's own Prometheus metrics (vllm:*, llamacpp:*), where it has them
+    ready_path: str | None = (
+        None  # readiness: GET answers 200 once the weights are loaded (None: health_path)
+    )
+    metrics_path: str | None = (
+        None  # the engine's own Prometheus metrics (vllm:*, llamacpp:*), where it has them
+    )
     takes_file: bool = False  # `{path}` is the model's one weights file (a GGUF), not its directory
 
     @property
@@ -202,7 +214,18 @@ DEFAULTS: dict[str, Engine] = {
     # /health answers 503 while the weights load, then 200.
     "llama.cpp": Engine(
         "llama.cpp",
-        ("llama-server", "-m", "{path}", "--host", "{host}", "--port", "{port}", "--alias", "{model}", "--metrics"),
+        (
+            "llama-server",
+            "-m",
+            "{path}",
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+            "--alias",
+            "{model}",
+            "--metrics",
+        ),
         {
             "max_model_len": Param("--ctx-size", 0, 1 << 24),
             "threads": Param("--threads", 1, 4096),
@@ -222,7 +245,9 @@ def _node_preset(name: str, spec: Any) -> Engine:
     where = f"serving.engines.{name}"
     doc = {"command": spec} if isinstance(spec, str | list) else spec
     if not _NAME_RE.match(name) or name == "builtin" or not isinstance(doc, dict):
-        raise ConfigError(f"{where}: a lowercase name other than builtin, with a command line", {"field": where})
+        raise ConfigError(
+            f"{where}: a lowercase name other than builtin, with a command line", {"field": where}
+        )
     unknown = sorted(set(doc) - {"command", "params", "health_path", "ready_path", "key_env", "routes"})
     if unknown:
         raise ConfigError(f"{where}.{unknown[0]}: unknown key", {"field": f"{where}.{unknown[0]}"})
@@ -240,7 +265,9 @@ def _node_preset(name: str, spec: Any) -> Engine:
                 {"field": f"{where}.command"},
             ) from None
     params = doc.get("params") or {}
-    if not isinstance(params, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()):
+    if not isinstance(params, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in params.items()
+    ):
         raise ConfigError(f"{where}.params: a mapping of parameter -> flag", {"field": f"{where}.params"})
     routes = doc.get("routes", OPENAI_ROUTES)
     if not isinstance(routes, list | tuple) or not set(routes) <= set(ALL_ROUTES):
@@ -280,7 +307,10 @@ def presets(configured: Mapping[str, Any] | None = None) -> dict[str, Engine]:
 
 
 def choose(
-    config: Mapping[str, Any], offered: Mapping[str, Engine], engine: str | None = None, default: str = "builtin"
+    config: Mapping[str, Any],
+    offered: Mapping[str, Engine],
+    engine: str | None = None,
+    default: str = "builtin",
 ) -> tuple[str, dict[str, Any]]:
     """The preset a request chose (`engine`, else `config.engine` / `backend` / `framework`, else `default`) and its
     checked parameters; 422 naming the field for anything else."""

@@ -19,9 +19,15 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float, *, integer: bool = False) -> Any:
+def _number(
+    body: dict[str, Any], key: str, default: float, lo: float, hi: float, *, integer: bool = False
+) -> Any:
     value = default if body.get(key) is None else body[key]
-    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or not lo <= value <= hi:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int if integer else (int, float))
+        or not lo <= value <= hi
+    ):
         kind = "an integer" if integer else "a number"
         raise InvalidRequest(f"'{key}' must be {kind} in [{lo}, {hi}]", {"field": key, "value": value})
     return value
@@ -33,7 +39,9 @@ def params_of(body: dict[str, Any]) -> dict[str, Any]:
         raise InvalidRequest("only 'n': 1 is supported", {"field": "n"})
     stop = _as_list(body.get("stop") or [])
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
-        raise InvalidRequest("'stop' must be a string or a list of at most 4 non-empty strings", {"field": "stop"})
+        raise InvalidRequest(
+            "'stop' must be a string or a list of at most 4 non-empty strings", {"field": "stop"}
+        )
     return {
         "max_tokens": _number(body, "max_tokens", 16, 1, MAX_TOKENS_LIMIT, integer=True),
         "temperature": float(_number(body, "temperature", 1.0, 0.0, 2.0)),
@@ -50,7 +58,8 @@ def chat_prompt(tokenizer: Any, messages: Any) -> str:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             raise InvalidRequest(
-                f"'messages[{i}]' must be {{role: {'|'.join(ROLES)}, content: string}}", {"field": f"messages[{i}]"}
+                f"'messages[{i}]' must be {{role: {'|'.join(ROLES)}, content: string}}",
+                {"field": f"messages[{i}]"},
             )
     if getattr(tokenizer, "chat_template", None):
         return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
@@ -61,10 +70,14 @@ def _encode(backend: Any, prompt: str, params: dict[str, Any]) -> tuple[Any, int
     tok, model = backend.tokenizer, backend.model
     enc = tok(prompt, return_tensors="pt").to(model.device)
     n_prompt = int(enc["input_ids"].shape[1])
-    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    limit = getattr(model.config, "max_position_embeddings", None) or getattr(
+        model.config, "n_positions", None
+    )
     if limit and n_prompt + params["max_tokens"] > limit:
         details = {"prompt_tokens": n_prompt, "max_tokens": params["max_tokens"], "context_length": limit}
-        raise InvalidRequest(f"prompt ({n_prompt} tokens) + max_tokens exceeds the context length {limit}", details)
+        raise InvalidRequest(
+            f"prompt ({n_prompt} tokens) + max_tokens exceeds the context length {limit}", details
+        )
     sample = params["temperature"] > 0
     gen: dict[str, Any] = {"max_new_tokens": params["max_tokens"], "do_sample": sample}
     if sample:
@@ -105,7 +118,9 @@ def stream_text(backend: Any, prompt: str, params: dict[str, Any]) -> Iterator[s
     from transformers import TextIteratorStreamer
 
     enc, _, gen = _encode(backend, prompt, params)
-    streamer = TextIteratorStreamer(backend.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=600)
+    streamer = TextIteratorStreamer(
+        backend.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=600
+    )
 
     def run() -> None:
         try:
@@ -140,16 +155,30 @@ def events(name: str, kind: str, pieces: Iterator[str]) -> Iterator[str]:
 
     def chunk(delta: str | None, finish: str | None) -> str:
         if kind == "text_completion":
-            choice: dict[str, Any] = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "text": delta or "",
+                "finish_reason": finish,
+                "logprobs": None,
+            }
         else:
-            choice = {"index": 0, "delta": {"content": delta} if delta is not None else {}, "finish_reason": finish}
+            choice = {
+                "index": 0,
+                "delta": {"content": delta} if delta is not None else {},
+                "finish_reason": finish,
+            }
         return "data: " + json.dumps({**head, "object": obj, "model": name, "choices": [choice]}) + "\n\n"
 
     if kind != "text_completion":
         yield (
             "data: "
             + json.dumps(
-                {**head, "object": obj, "model": name, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}
+                {
+                    **head,
+                    "object": obj,
+                    "model": name,
+                    "choices": [{"index": 0, "delta": {"role": "assistant"}}],
+                }
             )
             + "\n\n"
         )

@@ -19,11 +19,15 @@ def bounded(items: list[str], key: str) -> list[str]:
         if len(text) > MAX_INPUT_CHARS:
             where = key if len(items) == 1 else f"{key}[{i}]"
             details = {"field": where, "chars": len(text), "max_input_chars": MAX_INPUT_CHARS}
-            raise InvalidRequest(f"'{where}' has {len(text)} characters; at most {MAX_INPUT_CHARS} per input", details)
+            raise InvalidRequest(
+                f"'{where}' has {len(text)} characters; at most {MAX_INPUT_CHARS} per input", details
+            )
     total = sum(len(t) for t in items)
     if total > MAX_REQUEST_CHARS:
         details = {"field": key, "chars": total, "max_request_chars": MAX_REQUEST_CHARS}
-        raise InvalidRequest(f"'{key}' has {total} characters; at most {MAX_REQUEST_CHARS} per request", details)
+        raise InvalidRequest(
+            f"'{key}' has {total} characters; at most {MAX_REQUEST_CHARS} per request", details
+        )
     return items
 
 
@@ -31,7 +35,9 @@ def strings(body: dict[str, Any], key: str, max_items: int) -> list[str]:
     value = body.get(key)
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items or not all(isinstance(s, str) and s for s in items):
-        raise InvalidRequest(f"'{key}' must be a non-empty string or a non-empty list of them", {"field": key})
+        raise InvalidRequest(
+            f"'{key}' must be a non-empty string or a non-empty list of them", {"field": key}
+        )
     if len(items) > max_items:
         details = {"field": key, "count": len(items), "max_batch_size": max_items}
         raise InvalidRequest(f"'{key}' has {len(items)} items; at most {max_items} per request", details)

@@ -65,7 +65,9 @@ def python_for(name: str, engine_paths: Mapping[str, str], path: str | None = No
             if os.access(exe, os.X_OK):
                 return str(exe)
     if name in COMMANDS:
-        found = _script_python(COMMANDS[name], path if path is not None else os.environ.get("PATH", os.defpath))
+        found = _script_python(
+            COMMANDS[name], path if path is not None else os.environ.get("PATH", os.defpath)
+        )
         if found:
             return found
     return sys.executable
@@ -103,7 +105,9 @@ def probe(preset: Engine, engine_paths: Mapping[str, str]) -> dict[str, Any] | N
             return None
         dist, _, version = out.splitlines()[-1].partition(" ")
         return {"version": version.strip(), "distribution": dist, "program": python}
-    program = shutil.which(preset.argv[0], path=path) if not preset.argv[0].startswith("{") else sys.executable
+    program = (
+        shutil.which(preset.argv[0], path=path) if not preset.argv[0].startswith("{") else sys.executable
+    )
     if program is None:
         return None
     found: dict[str, Any] = {"version": None, "program": program}

@@ -52,7 +52,9 @@ class KeepAliveHandler(WSGIRequestHandler):
 
     protocol_version = "HTTP/1.1"
     timeout = IDLE_S  # the socket's timeout: an idle connection's read of its next request line ends after it
-    disable_nagle_algorithm = True  # a response's head and body go out as two writes: no wait for an ACK between
+    disable_nagle_algorithm = (
+        True  # a response's head and body go out as two writes: no wait for an ACK between
+    )
 
     def setup(self) -> None:
         with _lock:
@@ -107,7 +109,9 @@ def _body(environ: dict[str, Any]) -> LimitedStream | None:
 class _Reply:
     """One response on the connection: its head (with its length or chunked) and its body."""
 
-    def __init__(self, handler: KeepAliveHandler, environ: dict[str, Any], body: LimitedStream | None) -> None:
+    def __init__(
+        self, handler: KeepAliveHandler, environ: dict[str, Any], body: LimitedStream | None
+    ) -> None:
         self.h, self.environ, self.body = handler, environ, body
         self.status: str | None = None
         self.headers: list[tuple[str, str]] = []

@@ -68,7 +68,9 @@ def require_key(key: str | None) -> Callable[[], None]:
             return
         given = request.headers.get(KEY_HEADER, "")
         if not hmac.compare_digest(given.encode(), key.encode()):
-            raise Unauthorized(f"{KEY_HEADER}: this server answers the gswarm gateway only", {"header": KEY_HEADER})
+            raise Unauthorized(
+                f"{KEY_HEADER}: this server answers the gswarm gateway only", {"header": KEY_HEADER}
+            )
 
     return check
 
@@ -79,7 +81,9 @@ def read_key_file(path: Path | None) -> str | None:
     try:
         key = path.read_text().strip()
     except OSError as exc:
-        raise InvalidRequest(f"--key-file: cannot read {path}: {exc.strerror}", {"field": "key_file"}) from None
+        raise InvalidRequest(
+            f"--key-file: cannot read {path}: {exc.strerror}", {"field": "key_file"}
+        ) from None
     if not key:
         raise InvalidRequest(f"--key-file: {path} is empty", {"field": "key_file"})
     return key

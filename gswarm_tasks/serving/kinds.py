@@ -16,7 +16,16 @@ from .engines import AUTO
 GGUF, EMBEDDINGS, COMPLETIONS, UNKNOWN = "gguf", "embeddings", "completions", "unknown"
 # llama.cpp's encoder architectures: a GGUF of these embeds (`--embeddings`), it does not generate.
 GGUF_ENCODERS = frozenset(
-    {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert", "neo-bert", "t5encoder"}
+    {
+        "bert",
+        "nomic-bert",
+        "nomic-bert-moe",
+        "jina-bert-v2",
+        "jina-bert-v3",
+        "modern-bert",
+        "neo-bert",
+        "t5encoder",
+    }
 )
 GPU_LLM_ENGINES = ("vllm", "sglang", "tgi")  # `auto`'s order for a causal LM on a GPU
 
@@ -32,7 +41,9 @@ def model_kind(model_dir: Path) -> str:
     encoder), `completions` (a causal LM) or `unknown`."""
     if gguf_file(model_dir) is not None:
         return GGUF
-    if any((model_dir / marker).is_file() for marker in ("modules.json", "config_sentence_transformers.json")):
+    if any(
+        (model_dir / marker).is_file() for marker in ("modules.json", "config_sentence_transformers.json")
+    ):
         return EMBEDDINGS
     try:
         archs = json.loads((model_dir / "config.json").read_text()).get("architectures") or []

@@ -53,7 +53,9 @@ def server_argv(
     return argv
 
 
-def engine_env(preset: Engine, env: dict[str, str], engine_paths: Mapping[str, str], host: str, cpu: bool) -> None:
+def engine_env(
+    preset: Engine, env: dict[str, str], engine_paths: Mapping[str, str], host: str, cpu: bool
+) -> None:
     """What a preset's server needs in its environment besides the minimal one: its engine's bin/ on the PATH and,
     for vLLM, the address its processes talk on and, on a CPU, a KV cache that fits beside everything else and no
     thread pinning. vLLM's CPU build pins each server's threads to the same cores (`auto`), so two replicas on one
@@ -74,7 +76,9 @@ def missing_program(preset: Engine, argv: list[str], env: dict[str, str]) -> str
     if exe is None:
         return f"executable {argv[0]!r} of the {preset.name} preset is not installed on this node (PATH={env['PATH']})"
     python_module = preset.argv[0] == "{python}" or Path(argv[0]).name.startswith("python")
-    if python_module and len(argv) > 2 and argv[1] == "-m" and preset.name != "builtin":  # llama-server -m: a file
+    if (
+        python_module and len(argv) > 2 and argv[1] == "-m" and preset.name != "builtin"
+    ):  # llama-server -m: a file
         probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)"
         try:
             found = subprocess.run([exe, "-c", probe, argv[2]], env=env, capture_output=True, timeout=60)
@@ -143,7 +147,9 @@ def launch(
     if preset.key_env:
         env[preset.key_env] = key
     meta = {"kind": "model", "model": model, "device": str(dev), "engine": preset.name, "gpus": gpus}
-    meta.update(health_path=preset.health_path, ready_path=preset.probe_path, metrics_path=preset.metrics_path)
+    meta.update(
+        health_path=preset.health_path, ready_path=preset.probe_path, metrics_path=preset.metrics_path
+    )
     warm = node.services.warm if preset.name == "builtin" and settings.serve_warm_start else None
     # A port we picked can be taken between the check and the server's bind: pick again (not a user's port).
     for attempt in range(3):
@@ -163,7 +169,14 @@ def launch(
             )
         try:
             entry = node.services.start(
-                service_id, argv, node.address, chosen, meta, settings.serve_ready_timeout_s, env=env, warm=warm
+                service_id,
+                argv,
+                node.address,
+                chosen,
+                meta,
+                settings.serve_ready_timeout_s,
+                env=env,
+                warm=warm,
             )
             if warm is not None and not entry.get("warm_start"):
                 prewarm(node, settings)  # the next built-in server here starts warm

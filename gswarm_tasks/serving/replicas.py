@@ -119,7 +119,9 @@ class ServiceRegistry:
             **meta,
             "service_id": service_id,
             "pid": pid,
-            "created": created(pid),  # with the pid, the process itself: a pid given to another since is not it
+            "created": created(
+                pid
+            ),  # with the pid, the process itself: a pid given to another since is not it
             "host": host,
             "port": port,
             "argv": argv,

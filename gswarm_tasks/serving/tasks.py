@@ -81,7 +81,9 @@ def _has_model(node: NodeContext, tier: str, model: str) -> bool:
         return False
 
 
-def op_stop(node: NodeContext, service_id: str | None, model: str | None = None, device: str | None = None) -> Op:
+def op_stop(
+    node: NodeContext, service_id: str | None, model: str | None = None, device: str | None = None
+) -> Op:
     def body(rep: Reporter) -> dict[str, Any]:
         sid = service_id or node.services.find(str(model), str(device))  # a workflow names model and device
         if sid is None:

@@ -143,7 +143,9 @@ def _start(listener: socket.socket, conn: socket.socket, request: dict[str, Any]
 
         code = model_server.main(args)
     except BaseException as exc:  # the child must never return into the starter's loop
-        print(f"gswarm-model-server: INTERNAL: warm start failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(
+            f"gswarm-model-server: INTERNAL: warm start failed: {type(exc).__name__}: {exc}", file=sys.stderr
+        )
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -201,9 +203,13 @@ def _answer(listener: socket.socket, conn: socket.socket) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gswarm_tasks.serving.warm_start", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m gswarm_tasks.serving.warm_start", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--socket", required=True, type=Path)
-    p.add_argument("--watch-pid", required=True, type=int, help="exit once this process (the node worker) is gone")
+    p.add_argument(
+        "--watch-pid", required=True, type=int, help="exit once this process (the node worker) is gone"
+    )
     args = p.parse_args(argv)
     started = time.monotonic()
     code = serve(args.socket, args.watch_pid)

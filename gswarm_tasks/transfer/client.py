@@ -57,9 +57,13 @@ def _get(address: str, port: int, token: str, url: str, timeout_s: float, what: 
     return body
 
 
-def fetch_manifest(address: str, port: int, token: str, prefix: str, timeout_s: float = 30.0) -> dict[str, Any]:
+def fetch_manifest(
+    address: str, port: int, token: str, prefix: str, timeout_s: float = 30.0
+) -> dict[str, Any]:
     """The manifest a peer keeps beside a model (`<prefix>/.gswarm-manifest.json`)."""
-    body = _get(address, port, token, files_url(prefix, MANIFEST_FILE), timeout_s, f"the manifest of {prefix}")
+    body = _get(
+        address, port, token, files_url(prefix, MANIFEST_FILE), timeout_s, f"the manifest of {prefix}"
+    )
     return dict(json.loads(body))
 
 
@@ -110,14 +114,18 @@ class _Block:
     blake3: str | None  # the block's own hash, when the manifest lists them
 
 
-def _plan(dest: Path, manifest: dict[str, Any], ledger: Ledger, progress: Callable[[int], None] | None) -> list[_Block]:
+def _plan(
+    dest: Path, manifest: dict[str, Any], ledger: Ledger, progress: Callable[[int], None] | None
+) -> list[_Block]:
     """The blocks still to fetch; files are created at full size, blocks already on disk count as progress."""
     jobs: list[_Block] = []
     for entry in manifest["files"]:
         rel, size = entry["path"], int(entry["size"])
         hashes = entry.get("blocks")
         if hashes is not None and len(hashes) != (size + BLOCK - 1) // BLOCK:
-            raise VerificationError(f"{rel}: the manifest lists a wrong number of block hashes", {"file": rel})
+            raise VerificationError(
+                f"{rel}: the manifest lists a wrong number of block hashes", {"file": rel}
+            )
         path = file_path(dest, rel)
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.stat().st_size != size:
@@ -127,7 +135,9 @@ def _plan(dest: Path, manifest: dict[str, Any], ledger: Ledger, progress: Callab
         for block, off in enumerate(range(0, size, BLOCK)):
             length = min(size, off + BLOCK) - off
             if not ledger.has(rel, block):
-                jobs.append(_Block(rel, path, block, off, length, hashes[block] if hashes is not None else None))
+                jobs.append(
+                    _Block(rel, path, block, off, length, hashes[block] if hashes is not None else None)
+                )
             elif progress:
                 progress(length)
     return jobs
@@ -137,7 +147,13 @@ class _Fetcher:
     """Fetches blocks over one keep-alive connection per thread, writing and hashing each as it arrives."""
 
     def __init__(self, address: str, port: int, token: str, prefix: str, timeout_s: float, **kw: Any) -> None:
-        self.address, self.port, self.token, self.prefix, self.timeout_s = address, port, token, prefix, timeout_s
+        self.address, self.port, self.token, self.prefix, self.timeout_s = (
+            address,
+            port,
+            token,
+            prefix,
+            timeout_s,
+        )
         self.limiter: RateLimiter = kw["limiter"]
         self.ledger: Ledger = kw["ledger"]
         self.progress: Callable[[int], None] | None = kw.get("progress")
@@ -174,7 +190,9 @@ class _Fetcher:
                     f"source refused {job.rel}: HTTP {resp.status} {resp.read()[:200]!r}", {"file": job.rel}
                 )
             if resp.status != 206:
-                raise NetworkError(f"source answered {resp.status} for a range of {job.rel}", {"file": job.rel})
+                raise NetworkError(
+                    f"source answered {resp.status} for a range of {job.rel}", {"file": job.rel}
+                )
             wire = self._receive(resp, job)
         except (OSError, http.client.HTTPException) as exc:
             self.local.conn = None
@@ -200,7 +218,9 @@ class _Fetcher:
         wire = _Wire(resp, self.limiter) if encoding == ZSTD else None
         body: Any = resp
         if wire is not None:
-            body = zstandard.ZstdDecompressor().stream_reader(cast(Any, wire), read_across_frames=False, closefd=False)
+            body = zstandard.ZstdDecompressor().stream_reader(
+                cast(Any, wire), read_across_frames=False, closefd=False
+            )
         with open(job.path, "r+b", buffering=0) as f:
             fd = f.fileno()
             while left:

@@ -171,7 +171,9 @@ class _Handler(BaseHTTPRequestHandler):
 class FileServer:
     """Serves `<tier>/<relative path>` from a node's tier roots, read-only, to holders of a transfer token."""
 
-    def __init__(self, node: str, roots: dict[str, Path], secret: Callable[[], bytes], host: str, port: int) -> None:
+    def __init__(
+        self, node: str, roots: dict[str, Path], secret: Callable[[], bytes], host: str, port: int
+    ) -> None:
         self.node = node
         self.roots = roots
         self.secret = secret
@@ -182,7 +184,9 @@ class FileServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> FileServer:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="gswarm-file-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, name="gswarm-file-server", daemon=True
+        )
         self._thread.start()
         return self
 

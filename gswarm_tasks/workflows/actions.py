@@ -35,7 +35,9 @@ MAX_READ = 1 << 30  # chunks an inference or a merge reads whole
 
 
 def is_cancelled(client: redis.Redis, spec: dict[str, Any]) -> bool:
-    return bool(client.exists(names.cancel_workflow_key(spec["workflow_id"]), names.cancel_task_key(spec["task_id"])))
+    return bool(
+        client.exists(names.cancel_workflow_key(spec["workflow_id"]), names.cancel_task_key(spec["task_id"]))
+    )
 
 
 def recorded_outputs(client: redis.Redis, workflow_id: str) -> dict[str, dict[str, Any]]:
@@ -59,7 +61,9 @@ def resolve(value: Any, outputs: dict[str, dict[str, Any]]) -> Any:
         step, fld = (parts[0], parts[-1]) if len(parts) in (2, 3) else (expr, "")
         out = outputs.get(step)
         if out is None or fld not in out:
-            raise InvalidRequest(f"${{{expr}}} has no value: {step} recorded {sorted(out or {})}", {"reference": expr})
+            raise InvalidRequest(
+                f"${{{expr}}} has no value: {step} recorded {sorted(out or {})}", {"reference": expr}
+            )
         return out[fld]
 
     whole = REF_RE.fullmatch(value)
@@ -75,7 +79,9 @@ def _tier(device: str) -> str:
 def _noop(self: Task, spec: dict[str, Any], p: dict[str, Any], client: redis.Redis) -> dict[str, Any]:
     failures = int(p.get("fail_times", 0))
     if int(self.request.retries or 0) < failures:
-        raise TaskFailed(f"noop asked to fail {failures} time(s)", {"attempt": int(self.request.retries or 0) + 1})
+        raise TaskFailed(
+            f"noop asked to fail {failures} time(s)", {"attempt": int(self.request.retries or 0) + 1}
+        )
     deadline = time.monotonic() + float(p.get("duration_s", 0))
     while time.monotonic() < deadline:
         if is_cancelled(client, spec):
@@ -96,7 +102,9 @@ def workflow_allow(self: Task, spec: dict[str, Any], key: str, outputs: dict[str
     return Allow.of(settings_of(self.app).workflows_allowed_hosts, "workflows.allowed_hosts", origins)
 
 
-def _health_check(self: Task, spec: dict[str, Any], p: dict[str, Any], outputs: dict[str, Any] | None) -> dict:
+def _health_check(
+    self: Task, spec: dict[str, Any], p: dict[str, Any], outputs: dict[str, Any] | None
+) -> dict:
     url = parse_url(p["target_url"], "target_url")
     allow = workflow_allow(self, spec, "target_url", outputs)
     with fetch(url, allow, "target_url", timeout=(float(p.get("timeout", 10)),) * 2) as r:
@@ -107,7 +115,9 @@ def _health_check(self: Task, spec: dict[str, Any], p: dict[str, Any], outputs: 
     return {"status_code": status, "url": str(url), "output": str(url)}
 
 
-def _chunk_locations(chunk_id: str, spec: dict[str, Any], outputs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def _chunk_locations(
+    chunk_id: str, spec: dict[str, Any], outputs: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Where a chunk is, as far as this workflow knows: copies its steps made (less those a move removed),
     and the copies the control plane listed at submission for chunks named literally."""
     mine = [o for o in outputs.values() if o.get("chunk_id") == chunk_id]
@@ -117,7 +127,9 @@ def _chunk_locations(chunk_id: str, spec: dict[str, Any], outputs: dict[str, dic
     return [loc for loc in locs if loc["device"] not in removed]
 
 
-def _best(chunk_id: str, spec: dict[str, Any], outputs: dict[str, Any], node: str, same_node: bool = False) -> Any:
+def _best(
+    chunk_id: str, spec: dict[str, Any], outputs: dict[str, Any], node: str, same_node: bool = False
+) -> Any:
     locs = _chunk_locations(chunk_id, spec, outputs)
     devs = {loc["device"]: Device.parse(loc["device"]) for loc in locs}
     locs.sort(key=lambda loc: (devs[loc["device"]].node != node, devs[loc["device"]].tier != "dram"))
@@ -145,10 +157,17 @@ def run_data_action(
         cid = str(p["data_id"])
         loc = _best(cid, spec, outputs, node.name, same_node=atype == "data_move")
         src = Device.parse(loc["device"])
-        source = {"node": src.node, "tier": src.tier, "address": loc.get("address"), "port": loc.get("file_port")}
+        source = {
+            "node": src.node,
+            "tier": src.tier,
+            "address": loc.get("address"),
+            "port": loc.get("file_port"),
+        }
         delete_source = bool(p.get("delete_source"))
         remove = atype == "data_move" or (delete_source and src.node == node.name)
-        out = copy_chunk(node, settings, client, spec["task_id"], cid, _tier(p["target_device"]), source, loc, remove)
+        out = copy_chunk(
+            node, settings, client, spec["task_id"], cid, _tier(p["target_device"]), source, loc, remove
+        )
         out["format"] = loc.get("format")
         extra["delete_source"] = delete_source
     elif atype == "inference":
@@ -246,7 +265,10 @@ def run_action(
         raise
     if atype == "serve":
         result.update(
-            service_url=result.get("url"), service_id=spec["service_id"], device=p["device"], output=result.get("url")
+            service_url=result.get("url"),
+            service_id=spec["service_id"],
+            device=p["device"],
+            output=result.get("url"),
         )
     elif "device" in result:
         result.setdefault("output", result["device"])

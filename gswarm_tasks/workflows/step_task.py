@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 
 STARTED_AFTER_S = 0.02
 MODEL_ACTIONS = ("download", "copy", "move", "delete")
-REDIS_BACK_WITHIN_S = 120.0  # how long a step whose Redis went away waits for it before leaving it to the broker
+REDIS_BACK_WITHIN_S = (
+    120.0  # how long a step whose Redis went away waits for it before leaving it to the broker
+)
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError)
 
 
@@ -80,7 +82,9 @@ _announcer_instance: _Announcer | None = None
 
 def _announcer() -> _Announcer:
     global _announcer_instance
-    if _announcer_instance is None or _announcer_instance.pid != os.getpid():  # a forked pool child needs its own
+    if (
+        _announcer_instance is None or _announcer_instance.pid != os.getpid()
+    ):  # a forked pool child needs its own
         _announcer_instance = _Announcer()
     return _announcer_instance
 
@@ -131,7 +135,9 @@ def _run_leased(
     node = require_node().name if spec["action_type"] in MODEL_ACTIONS else ""
     tiers = lease_tiers(node, spec["action_type"], params) if node else []
     if tiers:
-        held.enter_context(model_leases(client, node, tiers, str(params["model_name"]), spec["task_id"], wait=False))
+        held.enter_context(
+            model_leases(client, node, tiers, str(params["model_name"]), spec["task_id"], wait=False)
+        )
     # A step that waits for its device is not running yet: it reports `started` once it holds it.
     with device_leases(client, spec.get("exclusive") or [], owner=spec["task_id"], wait=False):
         started_at = time.time()
@@ -139,7 +145,9 @@ def _run_leased(
         # inside its `succeeded` event, which halves the events of short steps.
         announce = _announcer().later(
             STARTED_AFTER_S,
-            lambda: emit(client, spec, "started", at=started_at, attempt=attempt, worker=task.request.hostname),
+            lambda: emit(
+                client, spec, "started", at=started_at, attempt=attempt, worker=task.request.hostname
+            ),
         )
         try:
             result = run_action(task, spec, params, client, outputs)
@@ -149,14 +157,18 @@ def _run_leased(
     return result, started_at, finished_at
 
 
-def _on_error(task: Task, client: redis.Redis, spec: dict[str, Any], attempt: int, exc: BaseException) -> None:
+def _on_error(
+    task: Task, client: redis.Redis, spec: dict[str, Any], attempt: int, exc: BaseException
+) -> None:
     """Retry a step that may succeed later (with backoff and jitter), else report it failed and stop its chain."""
     permanent = isinstance(exc, InvalidRequest) or (isinstance(exc, GswarmError) and exc.status == 404)
     retries = int(spec.get("retries", 0))
     if not permanent and not isinstance(exc, SoftTimeLimitExceeded) and attempt <= retries:
         base = float(spec.get("retry_backoff", 1.0))
         countdown = min(300.0, base * 2 ** (attempt - 1)) * (0.5 + random.random())
-        emit(client, spec, "retrying", attempt=attempt, error=error_dict(exc), countdown_s=round(countdown, 3))
+        emit(
+            client, spec, "retrying", attempt=attempt, error=error_dict(exc), countdown_s=round(countdown, 3)
+        )
         raise task.retry(exc=exc, countdown=countdown, max_retries=None) from exc
     emit(client, spec, "failed", attempt=attempt, error=error_dict(exc), started_at=time.time())
     _stop_chain(task)
@@ -188,7 +200,9 @@ def step(self: Task, spec: dict[str, Any]) -> dict[str, Any] | None:
     while (nxt := getattr(current, "gswarm_next", None)) is not None:
         sig, prefetched = nxt
         outer.chain.pop()
-        self.request_stack.push(Context(**inline.context(outer, sig, prefetched)))  # not push_request: it copies
+        self.request_stack.push(
+            Context(**inline.context(outer, sig, prefetched))
+        )  # not push_request: it copies
         current = self.request
         try:
             result = _one(self, client, sig["args"][0])

@@ -65,7 +65,9 @@ def create_token(name: str, role: str = "admin", models: list[str] | None = None
         raise InvalidRequest("models: only an inference token is scoped to models", {"field": "models"})
     token = "gsw_" + secrets.token_urlsafe(32)
     scope = sorted(set(models)) if models is not None else None
-    db.session.add(ApiToken(name=name, role=role, token_hash=hash_token(token), prefix=token[:10], models=scope))
+    db.session.add(
+        ApiToken(name=name, role=role, token_hash=hash_token(token), prefix=token[:10], models=scope)
+    )
     db.session.commit()
     return token
 
@@ -92,7 +94,11 @@ def identity_of(token: str) -> Identity | None:
     """Who a valid token is; None for an unknown or revoked one."""
     fixed = current_app.config.get("GSWARM_ADMIN_TOKEN")
     # A short fixed token is refused at start-up; one set later (straight into the config) is still never accepted.
-    if fixed and long_enough(str(fixed), "admin") and hmac.compare_digest(token.encode(), str(fixed).encode()):
+    if (
+        fixed
+        and long_enough(str(fixed), "admin")
+        and hmac.compare_digest(token.encode(), str(fixed).encode())
+    ):
         return Identity("admin", "admin-token")
     key = hash_token(token)
     with _known_lock:
@@ -100,7 +106,9 @@ def identity_of(token: str) -> Identity | None:
     if hit is not None and hit[0] > time.monotonic():
         return hit[1]
     row = db.session.execute(
-        db.select(ApiToken.role, ApiToken.name, ApiToken.revoked_at, ApiToken.models).where(ApiToken.token_hash == key)
+        db.select(ApiToken.role, ApiToken.name, ApiToken.revoked_at, ApiToken.models).where(
+            ApiToken.token_hash == key
+        )
     ).first()
     if row is None or row.revoked_at is not None:
         return None
@@ -113,7 +121,9 @@ def identity_of(token: str) -> Identity | None:
 
 
 def revoke_token(prefix: str) -> int:
-    rows = db.session.scalars(db.select(ApiToken).where(ApiToken.prefix == prefix, ApiToken.revoked_at.is_(None)))
+    rows = db.session.scalars(
+        db.select(ApiToken).where(ApiToken.prefix == prefix, ApiToken.revoked_at.is_(None))
+    )
     n = 0
     for row in rows:
         row.revoked_at = datetime.now(UTC)
@@ -153,6 +163,8 @@ def _authorize(role: str) -> None:
     """admin: anything; read-only: reads; inference: the gateway and nothing else."""
     gateway = request.blueprint == GATEWAY
     if role == "inference" and not gateway:
-        raise Forbidden(f"an inference token may only call the gateway (/v1), not {request.path}", {"role": role})
+        raise Forbidden(
+            f"an inference token may only call the gateway (/v1), not {request.path}", {"role": role}
+        )
     if role == "read-only" and request.method not in READ_METHODS:
         raise Forbidden(f"a {role} token cannot {request.method} {request.path}", {"role": role})

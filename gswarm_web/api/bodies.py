@@ -82,7 +82,12 @@ class BodyGuard:
         limit = int(self.app.config.get("MAX_CONTENT_LENGTH") or 0)
         if length is not None and limit and length > limit:
             return _answer(
-                environ, start_response, 413, "INVALID_REQUEST", f"body: larger than {limit} bytes", {"field": "body"}
+                environ,
+                start_response,
+                413,
+                "INVALID_REQUEST",
+                f"body: larger than {limit} bytes",
+                {"field": "body"},
             )
         refused = self.refusal(environ)
         if refused is not None:

@@ -158,7 +158,9 @@ class ChunkBatch(MethodView):
 
 
 def _data_device(text: str, field: str, default_node: str | None) -> Device:
-    return Device.parse(by_address(text, field), field=field, default_node=default_node).expect(field, files=True)
+    return Device.parse(by_address(text, field), field=field, default_node=default_node).expect(
+        field, files=True
+    )
 
 
 @blp.route("/data/<string:chunk_id>")
@@ -194,7 +196,9 @@ class ChunkContent(MethodView):
         chunk = get_chunk(chunk_id)
         locs = usable_locations(chunk)
         if not locs:
-            raise ResourceUnavailable(f"chunk {chunk_id} has no copy on a reachable node", {"chunk_id": chunk_id})
+            raise ResourceUnavailable(
+                f"chunk {chunk_id} has no copy on a reachable node", {"chunk_id": chunk_id}
+            )
         loc = locs[0]
         src = source_of(chunk, loc, dest_node="")
         headers = {"Authorization": f"Bearer {read_token(loc.node, src['prefix'], 300)}"}
@@ -204,7 +208,9 @@ class ChunkContent(MethodView):
         try:
             upstream = requests.get(url, headers=headers, stream=True, timeout=(5, 60))
         except requests.RequestException as exc:
-            raise NetworkError(f"{loc.node} did not answer for chunk {chunk_id}: {type(exc).__name__}") from exc
+            raise NetworkError(
+                f"{loc.node} did not answer for chunk {chunk_id}: {type(exc).__name__}"
+            ) from exc
         if upstream.status_code == 416:
             upstream.close()
             resp = error_response(
@@ -237,14 +243,18 @@ class ChunkContent(MethodView):
             finally:
                 upstream.close()
 
-        return Response(stream_with_context(body()), status=upstream.status_code, headers=out, direct_passthrough=True)
+        return Response(
+            stream_with_context(body()), status=upstream.status_code, headers=out, direct_passthrough=True
+        )
 
 
 @blp.route("/data/<string:chunk_id>/move")
 class ChunkMove(MethodView):
     @blp.arguments(ChunkCopySchema)
     @blp.response(202, ChunkOpSchema)
-    @blp.alt_response(200, schema=ChunkOpSchema, description="The copy exists already: nothing is sent (`noop`)")
+    @blp.alt_response(
+        200, schema=ChunkOpSchema, description="The copy exists already: nothing is sent (`noop`)"
+    )
     def post(self, args: dict[str, Any], chunk_id: str) -> Any:
         """Move a chunk to another tier of the same node (verified, then the source copy is removed)"""
         chunk = get_chunk(chunk_id, locked=True)
@@ -272,7 +282,9 @@ class ChunkMove(MethodView):
 class ChunkTransfer(MethodView):
     @blp.arguments(ChunkCopySchema)
     @blp.response(202, ChunkOpSchema)
-    @blp.alt_response(200, schema=ChunkOpSchema, description="The copy exists already: nothing is sent (`noop`)")
+    @blp.alt_response(
+        200, schema=ChunkOpSchema, description="The copy exists already: nothing is sent (`noop`)"
+    )
     def post(self, args: dict[str, Any], chunk_id: str) -> Any:
         """Copy a chunk to another node over the signed node-to-node transfer, verified before it is recorded;
         `delete_source` removes the copy it came from afterwards"""
@@ -280,10 +292,14 @@ class ChunkTransfer(MethodView):
         node = node_by_address(args["target_node"], "target_node") if args.get("target_node") else None
         text = args.get("target_device") or "dram"
         if node is None and ":" not in text:
-            raise InvalidRequest("target_node: required (or a target_device like node2:dram)", {"field": "target_node"})
+            raise InvalidRequest(
+                "target_node: required (or a target_device like node2:dram)", {"field": "target_node"}
+            )
         target = _data_device(text, "target_device", node)
         if node is not None and target.node != node:
-            raise InvalidRequest(f"target_device: {target} is not on target_node {node}", {"field": "target_device"})
+            raise InvalidRequest(
+                f"target_device: {target} is not on target_node {node}", {"field": "target_device"}
+            )
         answer, status = chunk_ops.copy(
             chunk, target, "data_transfer", args["priority"], args["delete_source"], args["compression"]
         )

@@ -14,7 +14,9 @@ from ..tables import DataChunk
 from .pagination import PageArgsSchema, PageSchema
 
 TYPES = ("input", "output", "intermediate")
-HOLDER = ma.validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$", error="letters, digits and _ . : @ - (up to 128)")
+HOLDER = ma.validate.Regexp(
+    r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$", error="letters, digits and _ . : @ - (up to 128)"
+)
 
 
 class ChunkLocationSchema(ma.Schema):
@@ -55,14 +57,20 @@ class PlaceSchema(ma.Schema):
     """Where the operation an answer started stands on its node (as the original's download answer)."""
 
     position = ma.fields.Integer(allow_none=True, metadata={"description": "1: next on its node; 0: running"})
-    estimated_start = ma.fields.Float(allow_none=True, metadata={"description": "seconds until it should start"})
+    estimated_start = ma.fields.Float(
+        allow_none=True, metadata={"description": "seconds until it should start"}
+    )
     estimated_time = ma.fields.Float(allow_none=True, metadata={"description": "seconds it should take"})
 
 
 class ChunkCreatedSchema(ChunkSchema, PlaceSchema):
     task_id = ma.fields.String(allow_none=True)
-    deduplicated = ma.fields.Boolean(metadata={"description": "its bytes are shared with equal bytes on the device"})
-    source = ma.fields.String(metadata={"description": "the URL the bytes come from (given as `source` or `data`)"})
+    deduplicated = ma.fields.Boolean(
+        metadata={"description": "its bytes are shared with equal bytes on the device"}
+    )
+    source = ma.fields.String(
+        metadata={"description": "the URL the bytes come from (given as `source` or `data`)"}
+    )
 
 
 class ChunkCreateSchema(ma.Schema):
@@ -73,12 +81,15 @@ class ChunkCreateSchema(ma.Schema):
         }
     )
     source = ma.fields.String(
-        metadata={"description": "file:///path under an allowed root, http(s):// to an allowed host, s3:// if enabled"}
+        metadata={
+            "description": "file:///path under an allowed root, http(s):// to an allowed host, s3:// if enabled"
+        }
     )
     type = ma.fields.String(load_default="input", validate=ma.validate.OneOf(TYPES))
     format = ma.fields.String(validate=ma.validate.Length(max=32))
     device = ma.fields.String(
-        load_default="auto", metadata={"description": "node:disk, node:dram, or auto / auto:dram / auto:disk (default)"}
+        load_default="auto",
+        metadata={"description": "node:disk, node:dram, or auto / auto:dram / auto:disk (default)"},
     )
     metadata = ma.fields.Dict(load_default=dict)
 
@@ -120,7 +131,9 @@ class ChunkCopySchema(ma.Schema):
     compression = ma.fields.String(
         load_default="none",
         validate=ma.validate.OneOf(COMPRESSIONS),
-        metadata={"description": "none, or zstd: the bytes are compressed between nodes (a move within one is not)"},
+        metadata={
+            "description": "none, or zstd: the bytes are compressed between nodes (a move within one is not)"
+        },
     )
 
 

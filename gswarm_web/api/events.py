@@ -132,7 +132,9 @@ def _types(value: Any, where: str) -> set[str]:
         raise InvalidRequest(f"{where}: a list of event types", {"field": where})
     wrong = sorted({t.strip() for t in items} - set(TYPES))
     if wrong:
-        raise InvalidRequest(f"{where}: unknown event type {wrong[0]!r} (one of {', '.join(TYPES)})", {"field": where})
+        raise InvalidRequest(
+            f"{where}: unknown event type {wrong[0]!r} (one of {', '.join(TYPES)})", {"field": where}
+        )
     return {t.strip() for t in items}
 
 
@@ -187,7 +189,9 @@ def _first_message(ws: Any) -> tuple[str, set[str]]:
     except ValueError:
         doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("token"), str) or not doc["token"].strip():
-        raise Unauthorized(f'a token is required: send {{"token": "<token>"}} first (within {AUTH_WAIT_S:.0f} s)')
+        raise Unauthorized(
+            f'a token is required: send {{"token": "<token>"}} first (within {AUTH_WAIT_S:.0f} s)'
+        )
     extra = sorted(set(doc) - {"token", "types"})
     if extra:
         raise InvalidRequest(f"{extra[0]}: unknown field of the first message (it takes token, types)")

@@ -17,7 +17,9 @@ blp = Blueprint("workflow_examples", __name__, url_prefix="/api/v1", description
 class ExampleSchema(ma.Schema):
     name = ma.fields.String()
     original = ma.fields.String(metadata={"description": "the original docs' YAML, verbatim (node1, node2)"})
-    runnable = ma.fields.String(metadata={"description": "the same with `auto` devices: runs wherever it fits"})
+    runnable = ma.fields.String(
+        metadata={"description": "the same with `auto` devices: runs wherever it fits"}
+    )
 
 
 class ExampleListSchema(ma.Schema):

@@ -25,7 +25,14 @@ from flask import Flask, Response, g, request, stream_with_context
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
-from gswarm_tasks.errors import Forbidden, InvalidRequest, ModelNotFound, NetworkError, NotFound, ResourceUnavailable
+from gswarm_tasks.errors import (
+    Forbidden,
+    InvalidRequest,
+    ModelNotFound,
+    NetworkError,
+    NotFound,
+    ResourceUnavailable,
+)
 
 from ..control.serving import cold_start, live
 from ..control.serving.attempts import ATTEMPTS, Answered, attempt
@@ -36,10 +43,15 @@ from .auth import Identity, identity_of
 
 log = logging.getLogger(__name__)
 
-blp = Blueprint("gateway", __name__, url_prefix="/v1", description="OpenAI-compatible gateway to served models")
+blp = Blueprint(
+    "gateway", __name__, url_prefix="/v1", description="OpenAI-compatible gateway to served models"
+)
 
 RETRY_AFTER_S = 5  # a cold start from DRAM takes seconds (bench/gateway.py); a client comes back about then
-BODY = {"content": {"application/json": {"schema": {"type": "object", "required": ["model"]}}}, "required": True}
+BODY = {
+    "content": {"application/json": {"schema": {"type": "object", "required": ["model"]}}},
+    "required": True,
+}
 ANSWER = {
     "200": {
         "description": "the replica's answer (a stream of server-sent events when `stream` is true)",
@@ -89,9 +101,14 @@ def _queue(model: str, tried: set[str], path: str) -> tuple[Target, float]:
     svc = cold_start.wake(model)
     if svc is None:
         raise ModelNotFound(f"model: no service serves {model!r}", {"field": "model", "model": model})
-    timeout_s, details = svc.cold_start_timeout_s, {"field": "model", "service_id": svc.id, "status": svc.status}
+    timeout_s, details = (
+        svc.cold_start_timeout_s,
+        {"field": "model", "service_id": svc.id, "status": svc.status},
+    )
     if svc.status == "pending":  # a workflow's serve step that has not run: nothing is starting to wait for
-        raise Unavailable(f"model: the service of {model!r} waits for its workflow's serve step to run", details)
+        raise Unavailable(
+            f"model: the service of {model!r} waits for its workflow's serve step to run", details
+        )
     t0 = time.monotonic()
     try:
         target = cold_start.wait_for_replica(model, timeout_s, tried, path, svc.id)
@@ -158,7 +175,9 @@ def proxy(path: str) -> Response:
         busy.headers["Retry-After"] = str(RETRY_AFTER_S)
         return busy
     if isinstance(answered, str):
-        raise NetworkError(f"model {model!r}: no replica answered ({answered or 'none is running'})", {"model": model})
+        raise NetworkError(
+            f"model {model!r}: no replica answered ({answered or 'none is running'})", {"model": model}
+        )
     return _answer(d, answered, stream, t0)
 
 
@@ -177,7 +196,9 @@ def _answer(d: Directory, answered: Answered, stream: bool, t0: float) -> Respon
     return Response(resp.data, status=resp.status, headers=out)
 
 
-FAST_PATHS = frozenset({"/v1/embeddings", "/v1/completions", "/v1/chat/completions", "/v1/rerank", "/v1/score"})
+FAST_PATHS = frozenset(
+    {"/v1/embeddings", "/v1/completions", "/v1/chat/completions", "/v1/rerank", "/v1/score"}
+)
 GATEWAY_ROLES = frozenset({"admin", "inference"})
 FAST_MAX_BYTES = 1 << 20
 
@@ -201,7 +222,10 @@ class FastPath:
         if int(length) > FAST_MAX_BYTES:  # large (or chunked) bodies: Flask's limits and readers
             return self.flask(environ, start_response)
         raw = environ["wsgi.input"].read(int(length))
-        environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(raw), str(len(raw))  # for the Flask view
+        environ["wsgi.input"], environ["CONTENT_LENGTH"] = (
+            io.BytesIO(raw),
+            str(len(raw)),
+        )  # for the Flask view
         try:
             answer = self.answer(environ, path, raw)
         except Exception:  # the view sees the same request and answers whatever went wrong in the API's shape
@@ -214,7 +238,9 @@ class FastPath:
         start_response(status, headers)
         return body
 
-    def answer(self, environ: dict[str, Any], path: str, raw: bytes) -> tuple[str, list[tuple[str, str]], Sent] | None:
+    def answer(
+        self, environ: dict[str, Any], path: str, raw: bytes
+    ) -> tuple[str, list[tuple[str, str]], Sent] | None:
         t0 = time.monotonic()
         scheme, _, token = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
         body = json.loads(raw) if raw.startswith(b"{") else None
@@ -226,7 +252,11 @@ class FastPath:
         given = environ.get("HTTP_X_REQUEST_ID", "")
         rid = given if REQUEST_ID_RE.match(given) else f"req-{uuid.uuid4().hex[:20]}"
         with self.app.app_context():
-            ident = identity_of(token.strip()) if self.app.config.get("GSWARM_AUTH", True) else Identity("admin", "-")
+            ident = (
+                identity_of(token.strip())
+                if self.app.config.get("GSWARM_AUTH", True)
+                else Identity("admin", "-")
+            )
             if ident is None or ident.role not in GATEWAY_ROLES or not ident.may_call(model):
                 return None  # the view answers it (401, 403) in the API's shape
             d = directory()

@@ -32,7 +32,10 @@ def _timed(fn: Any, detailed: bool) -> dict[str, Any]:
         fn()
         return {"ok": True, "latency_ms": round((time.perf_counter() - t0) * 1000, 2)}
     except Exception as exc:  # its text (hosts, URLs) only for a token holder; anyone may ask this endpoint
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300] if detailed else type(exc).__name__}
+        return {
+            "ok": False,
+            "error": f"{type(exc).__name__}: {exc}"[:300] if detailed else type(exc).__name__,
+        }
 
 
 def _token_holder() -> bool:

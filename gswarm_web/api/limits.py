@@ -35,7 +35,9 @@ def json_depth_over(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return max(accumulate(array("b", outside.translate(_STEPS, _NOT_BRACKETS))), default=0) > limit
 
 
-MAX_DIGITS = sys.get_int_max_str_digits() or 4300  # Python's bound on int(str): past it a parse raises ValueError
+MAX_DIGITS = (
+    sys.get_int_max_str_digits() or 4300
+)  # Python's bound on int(str): past it a parse raises ValueError
 _LONG_NUMBER_RE = re.compile(rb"[0-9]{%d}" % (MAX_DIGITS + 1))
 
 
@@ -47,7 +49,10 @@ def _outside_strings(data: bytes) -> bytes:
 
 def number_too_long(data: bytes) -> bool:
     """Whether JSON text holds a number of more digits than Python parses (digits inside strings do not count)."""
-    return _LONG_NUMBER_RE.search(data) is not None and _LONG_NUMBER_RE.search(_outside_strings(data)) is not None
+    return (
+        _LONG_NUMBER_RE.search(data) is not None
+        and _LONG_NUMBER_RE.search(_outside_strings(data)) is not None
+    )
 
 
 def refuse_deep_json() -> None:
@@ -60,7 +65,9 @@ def refuse_deep_json() -> None:
             {"field": "body", "max_depth": MAX_JSON_DEPTH},
         )
     if number_too_long(data):
-        raise TooDeep(f"body: a number of more than {MAX_DIGITS} digits", {"field": "body", "max_digits": MAX_DIGITS})
+        raise TooDeep(
+            f"body: a number of more than {MAX_DIGITS} digits", {"field": "body", "max_digits": MAX_DIGITS}
+        )
 
 
 def limit_json_depth(app: Flask) -> None:

@@ -18,7 +18,15 @@ from gswarm_tasks.transfer.client import COMPRESSIONS
 from ..control.dispatch import send_recorded
 from ..control.models import ops as model_ops
 from ..control.models import state as model_state
-from ..control.models.state import STATUSES, get_model, locked_model, offline_nodes, refuse_busy, status_is, status_of
+from ..control.models.state import (
+    STATUSES,
+    get_model,
+    locked_model,
+    offline_nodes,
+    refuse_busy,
+    status_is,
+    status_of,
+)
 from ..control.nodes import targets
 from ..control.nodes.devices import by_address, node_by_address
 from ..control.serving import state as service_state
@@ -27,18 +35,25 @@ from ..tables import Model, ModelLocation, Replica, Service, TaskRecord
 from .pagination import PageArgsSchema, PageSchema, page_of
 from .queue import QueuedTaskSchema, TaskSchema
 
-blp = Blueprint("models", __name__, url_prefix="/api/v1", description="Models: registry, placement and copies")
+blp = Blueprint(
+    "models", __name__, url_prefix="/api/v1", description="Models: registry, placement and copies"
+)
 PRIORITY = ma.fields.String(load_default="normal", validate=ma.validate.OneOf(names.PRIORITY_NAMES))
 VERIFY = ma.fields.Boolean(
     load_default=True,
     validate=ma.validate.Equal(
-        True, error="gswarm verifies every copy it makes (each block's blake3, each file's hash); false is not offered"
+        True,
+        error="gswarm verifies every copy it makes (each block's blake3, each file's hash); false is not offered",
     ),
-    metadata={"description": "true, as always: every copy is verified before it is recorded (false is refused)"},
+    metadata={
+        "description": "true, as always: every copy is verified before it is recorded (false is refused)"
+    },
 )
 COMPRESSION = ma.fields.String(
     validate=ma.validate.OneOf(COMPRESSIONS),
-    metadata={"description": "none, or zstd: the bytes are compressed between nodes (a copy within a node is not)"},
+    metadata={
+        "description": "none, or zstd: the bytes are compressed between nodes (a copy within a node is not)"
+    },
 )
 
 
@@ -105,7 +120,9 @@ class ModelListArgsSchema(PageArgsSchema):
     location = ma.fields.String()
     status = ma.fields.String(
         validate=ma.validate.OneOf(STATUSES),
-        metadata={"description": "unavailable: every copy it has is on an offline node, or its last copy was removed"},
+        metadata={
+            "description": "unavailable: every copy it has is on an offline node, or its last copy was removed"
+        },
     )
 
 
@@ -116,7 +133,9 @@ class ModelListSchema(PageSchema):
 class DeleteArgsSchema(ma.Schema):
     force = ma.fields.Boolean(load_default=False, metadata={"description": "even while served or in use"})
     device = ma.fields.String(
-        metadata={"description": "remove only this copy (`node:tier`), as DELETE /models/{name}/locations/{device}"}
+        metadata={
+            "description": "remove only this copy (`node:tier`), as DELETE /models/{name}/locations/{device}"
+        }
     )
 
 
@@ -132,7 +151,9 @@ class DownloadSchema(ma.Schema):
 class _FromToSchema(ma.Schema):
     """What a move and a copy both take: from which copy, to which device, how."""
 
-    source_device = ma.fields.String(load_default="auto", metadata={"description": "a copy, or auto (the best)"})
+    source_device = ma.fields.String(
+        load_default="auto", metadata={"description": "a copy, or auto (the best)"}
+    )
     target_device = ma.fields.String(
         load_default="auto", metadata={"description": "a device, or auto / auto:<tier> (default)"}
     )
@@ -146,11 +167,15 @@ class MoveSchema(_FromToSchema):
 
 
 class CopySchema(_FromToSchema):
-    bandwidth_limit = ma.fields.Integer(validate=ma.validate.Range(min=1), metadata={"description": "bytes/s"})
+    bandwidth_limit = ma.fields.Integer(
+        validate=ma.validate.Range(min=1), metadata={"description": "bytes/s"}
+    )
 
 
 class LocationCreateSchema(ma.Schema):
-    device = ma.fields.String(required=True, metadata={"description": "node:disk or node:dram (or address:tier)"})
+    device = ma.fields.String(
+        required=True, metadata={"description": "node:disk or node:dram (or address:tier)"}
+    )
     status = ma.fields.String(
         load_default="ready",
         validate=ma.validate.Equal("ready", error="a copy is registered `ready` (verified) or not at all"),
@@ -172,7 +197,9 @@ class Models(MethodView):
             loc = args["location"]
             loc = by_address(loc, "location") if ":" in loc else node_by_address(loc, "location")
             cond = (
-                ModelLocation.device == loc if ":" in loc else (ModelLocation.node == loc) | (ModelLocation.tier == loc)
+                ModelLocation.device == loc
+                if ":" in loc
+                else (ModelLocation.node == loc) | (ModelLocation.tier == loc)
             )
             query = query.where(Model.id.in_(db.select(ModelLocation.model_id).where(cond)))
         return page_of("models", query, args)
@@ -248,7 +275,9 @@ class Locations(MethodView):
 
     @blp.arguments(LocationCreateSchema)
     @blp.response(202, QueuedTaskSchema)
-    @blp.alt_response(200, schema=QueuedTaskSchema, description="The copy is recorded already: nothing is sent")
+    @blp.alt_response(
+        200, schema=QueuedTaskSchema, description="The copy is recorded already: nothing is sent"
+    )
     def post(self, args: dict[str, Any], name: str) -> Any:
         """Register a copy already on a node (its files under the tier's `models/<name>`): the node verifies them
         against the model's manifest (or builds it when the model has none) and only then is the location recorded;

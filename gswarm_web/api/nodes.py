@@ -47,7 +47,8 @@ class GpuSchema(ma.Schema):
 class NodeSchema(ma.Schema):
     name = ma.fields.String()
     status = ma.fields.Method(
-        "get_status", metadata={"enum": list(LISTED_STATUSES), "description": "missing: declared, not joined yet"}
+        "get_status",
+        metadata={"enum": list(LISTED_STATUSES), "description": "missing: declared, not joined yet"},
     )
     hostname = ma.fields.String(allow_none=True)
     address = ma.fields.String(allow_none=True)
@@ -69,11 +70,16 @@ class NodeSchema(ma.Schema):
     )
     engines = ma.fields.Dict(
         allow_none=True,
-        metadata={"description": "the serving engines it can run: preset -> {version, program, distribution}"},
+        metadata={
+            "description": "the serving engines it can run: preset -> {version, program, distribution}"
+        },
     )
-    allow_remote_code = ma.fields.Boolean(allow_none=True, metadata={"description": "its models.allow_remote_code"})
+    allow_remote_code = ma.fields.Boolean(
+        allow_none=True, metadata={"description": "its models.allow_remote_code"}
+    )
     declared = ma.fields.Method(
-        "get_declared", metadata={"description": "what config.yaml's `nodes:` says of it (address, capabilities)"}
+        "get_declared",
+        metadata={"description": "what config.yaml's `nodes:` says of it (address, capabilities)"},
     )
 
     def get_status(self, node: Node | DeclaredNode) -> str:
@@ -106,7 +112,9 @@ def _opt(kind: type, v: Any) -> Any:
     return None if v is None else kind(v)
 
 
-def listed_nodes(rows: list[Any], gpus: dict[str, list[Any]], declared: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def listed_nodes(
+    rows: list[Any], gpus: dict[str, list[Any]], declared: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """NodeSchema's answer for rows of `node_rows`, built directly (the same keys and values as its dump)."""
     now = datetime.now(UTC)
     timeouts = _timeouts()
@@ -155,10 +163,14 @@ class Nodes(MethodView):
         if status == MISSING:
             return _page(missing, args)
         where = None if status is None else status_clause(status, datetime.now(UTC), *_timeouts())
-        if not missing:  # rows, not ORM objects, and no field-by-field dump: at 1,000 nodes both cost most of the time
+        if (
+            not missing
+        ):  # rows, not ORM objects, and no field-by-field dump: at 1,000 nodes both cost most of the time
             rows, gpus, total = node_rows(where, args["page"], args["per_page"])
             listed = listed_nodes(rows, gpus, declared=settings().nodes)
-            return jsonify({"nodes": listed, "total": total, "page": args["page"], "per_page": args["per_page"]})
+            return jsonify(
+                {"nodes": listed, "total": total, "page": args["page"], "per_page": args["per_page"]}
+            )
         # The live GPU numbers (`gpu_metrics`, a few KB a node) are not in this answer: not read, not decoded.
         query = db.select(Node).options(defer(Node.gpu_metrics)).order_by(Node.name)
         if where is not None:
@@ -189,7 +201,11 @@ class NodeByName(MethodView):
 def _usage(entry: dict[str, Any] | None) -> dict[str, Any] | None:
     if not entry:
         return None
-    return {"total": entry.get("total_bytes"), "used": entry.get("used_bytes"), "available": entry.get("free_bytes")}
+    return {
+        "total": entry.get("total_bytes"),
+        "used": entry.get("used_bytes"),
+        "available": entry.get("free_bytes"),
+    }
 
 
 def node_resources(node: Node) -> dict[str, Any]:
@@ -199,7 +215,11 @@ def node_resources(node: Node) -> dict[str, Any]:
         storage["disk"] = _usage(node.storage["disk"])
     if node.dram_total_bytes is not None:
         avail = node.dram_available_bytes or 0
-        storage["dram"] = {"total": node.dram_total_bytes, "used": node.dram_total_bytes - avail, "available": avail}
+        storage["dram"] = {
+            "total": node.dram_total_bytes,
+            "used": node.dram_total_bytes - avail,
+            "available": avail,
+        }
     compute: dict[str, Any] = {"cpu": {"cores": node.cpu_count, "usage": node.cpu_percent}}
     for g in node.gpu_metrics or []:
         key = f"gpu{g.get('index')}"

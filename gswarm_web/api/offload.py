@@ -33,7 +33,9 @@ def _cooperative() -> bool:
 def offload(fn: Callable[..., T], *args: object) -> T:
     """`fn(*args)` on a worker thread (under gevent), a few at a time per process."""
     if not _slots.acquire(timeout=WAIT_S):
-        raise Busy(f"{HEAVY_AT_ONCE} heavy requests are running in this process; retry shortly", {"retry_after_s": 5})
+        raise Busy(
+            f"{HEAVY_AT_ONCE} heavy requests are running in this process; retry shortly", {"retry_after_s": 5}
+        )
     try:
         if not _cooperative():
             return fn(*args)

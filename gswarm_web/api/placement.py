@@ -18,9 +18,13 @@ blp = Blueprint("placement", __name__, url_prefix="/api/v1", description="Placem
 
 
 class PlacementArgsSchema(ma.Schema):
-    model = ma.fields.String(metadata={"description": "the model (required for serve, load, download, copy, move)"})
+    model = ma.fields.String(
+        metadata={"description": "the model (required for serve, load, download, copy, move)"}
+    )
     action = ma.fields.String(load_default="serve", validate=ma.validate.OneOf(tuple(ACTIONS)))
-    kind = ma.fields.String(validate=ma.validate.OneOf(AUTO_KINDS), metadata={"description": "as in auto:<kind>"})
+    kind = ma.fields.String(
+        validate=ma.validate.OneOf(AUTO_KINDS), metadata={"description": "as in auto:<kind>"}
+    )
 
 
 class CandidateSchema(ma.Schema):

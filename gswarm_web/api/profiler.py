@@ -47,7 +47,9 @@ from .profiler_schemas import (
 )
 
 TEXT = {"text/plain": {"schema": {"type": "string"}}}
-FIGURE = {kind: {"schema": {"type": "string", "format": "binary"}} for kind in ("image/png", "application/pdf")}
+FIGURE = {
+    kind: {"schema": {"type": "string", "format": "binary"}} for kind in ("image/png", "application/pdf")
+}
 
 blp = Blueprint("profiler", __name__, url_prefix="/api/v1", description="GPU profiling sessions and metrics")
 root = Blueprint("prometheus", __name__, url_prefix="/", description="Prometheus' default scrape path")
@@ -58,7 +60,9 @@ class Sessions(MethodView):
     @blp.response(200, SessionSchema(many=True))
     def get(self) -> list[ProfilerSession]:
         """Every session, newest first"""
-        return list(db.session.scalars(db.select(ProfilerSession).order_by(ProfilerSession.start_time.desc())))
+        return list(
+            db.session.scalars(db.select(ProfilerSession).order_by(ProfilerSession.start_time.desc()))
+        )
 
     @blp.arguments(SessionCreateSchema)
     @blp.response(201, SessionSchema)
@@ -235,12 +239,16 @@ class MetricsLatest(MethodView):
         return Response(latest_json(raw, datetime.now(UTC).timestamp()), content_type="application/json")
 
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text format every Prometheus takes, 3.x included
+CONTENT_TYPE = (
+    "text/plain; version=0.0.4; charset=utf-8"  # the text format every Prometheus takes, 3.x included
+)
 
 
 def _prometheus() -> Response:
     client = redis_client()  # the fleet's GPUs and hosts, then what the gateway measured (serve_stats)
-    cache: MetricsCache = current_app.extensions.setdefault("gswarm.metrics", MetricsCache())  # this app's frames
+    cache: MetricsCache = current_app.extensions.setdefault(
+        "gswarm.metrics", MetricsCache()
+    )  # this app's frames
     frames = cache.text(lambda: client.hgetall(names.METRICS_LATEST_KEY))  # type: ignore[arg-type,return-value]
     return Response(frames + serving_text(client) + engine_text(client), content_type=CONTENT_TYPE)
 

@@ -8,7 +8,9 @@ import marshmallow as ma
 
 from ..profiling.export import HOST_KEYS
 
-NAME = ma.validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", error="letters, digits, `_`, `.` and `-`, at most 128")
+NAME = ma.validate.Regexp(
+    r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", error="letters, digits, `_`, `.` and `-`, at most 128"
+)
 HOST = ma.validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$", error="a host name")
 MAX_IMPORT_FRAMES = 10_000  # per request
 MAX_TIME = 1e11  # seconds since the epoch (year 5138): a stream id's milliseconds stay far inside 64 bits
@@ -24,7 +26,9 @@ class SessionCreateSchema(ma.Schema):
 
 class SessionSchema(ma.Schema):
     name = ma.fields.String()
-    status = ma.fields.String(attribute="state", metadata={"enum": ["active", "stopped", "importing", "imported"]})
+    status = ma.fields.String(
+        attribute="state", metadata={"enum": ["active", "stopped", "importing", "imported"]}
+    )
     freq_ms = ma.fields.Integer()
     nodes = ma.fields.List(ma.fields.String())
     enable_bandwidth = ma.fields.Boolean()
@@ -32,13 +36,18 @@ class SessionSchema(ma.Schema):
     start_time = ma.fields.DateTime()
     end_time = ma.fields.DateTime(allow_none=True)
     frame_count = ma.fields.Integer(allow_none=True, metadata={"description": "frames with GPU readings"})
-    host_frame_count = ma.fields.Integer(allow_none=True, metadata={"description": "host readings (every frame)"})
+    host_frame_count = ma.fields.Integer(
+        allow_none=True, metadata={"description": "host readings (every frame)"}
+    )
     summary_by_device = ma.fields.Dict(allow_none=True)
     summary_by_node = ma.fields.Dict(allow_none=True)
     sealed_at = ma.fields.DateTime(
-        allow_none=True, metadata={"description": "when a stopped session had every frame archived and its file"}
+        allow_none=True,
+        metadata={"description": "when a stopped session had every frame archived and its file"},
     )
-    output_file = ma.fields.String(allow_none=True, metadata={"description": "the `<name>.json` written at the stop"})
+    output_file = ma.fields.String(
+        allow_none=True, metadata={"description": "the `<name>.json` written at the stop"}
+    )
 
 
 class RecordSchema(ma.Schema):
@@ -48,14 +57,17 @@ class RecordSchema(ma.Schema):
 
 
 class WindowArgsSchema(ma.Schema):
-    start = ma.fields.DateTime(metadata={"description": "only from this time on (ISO 8601; UTC unless it says)"})
+    start = ma.fields.DateTime(
+        metadata={"description": "only from this time on (ISO 8601; UTC unless it says)"}
+    )
     end = ma.fields.DateTime(metadata={"description": "only up to this time (ISO 8601; UTC unless it says)"})
 
 
 class ExportArgsSchema(WindowArgsSchema):
     cursor = ma.fields.String(metadata={"description": "the `next_cursor` of the page before"})
     all = ma.fields.Boolean(
-        load_default=False, metadata={"description": "the whole window in one answer, streamed (no pages, no bound)"}
+        load_default=False,
+        metadata={"description": "the whole window in one answer, streamed (no pages, no bound)"},
     )
 
     @ma.validates_schema
@@ -82,7 +94,9 @@ class RecoverableSchema(ma.Schema):
     archived_frames = ma.fields.Integer()
     pending_frames = ma.fields.Integer(metadata={"description": "still only in the nodes' streams"})
     published = ma.fields.Boolean(metadata={"description": "the nodes sample for it"})
-    archiver_seen_s = ma.fields.Float(allow_none=True, metadata={"description": "seconds since the archiver ran"})
+    archiver_seen_s = ma.fields.Float(
+        allow_none=True, metadata={"description": "seconds since the archiver ran"}
+    )
     interrupted = ma.fields.List(ma.fields.String(), metadata={"description": "what `recover` would resume"})
 
 
@@ -96,7 +110,9 @@ class ImportSchema(ma.Schema):
     )
     enable_bandwidth = ma.fields.Boolean(load_default=True)
     enable_nvlink = ma.fields.Boolean(load_default=False)
-    request_time_info = ma.fields.List(ma.fields.Dict(), load_default=list, validate=ma.validate.Length(max=100_000))
+    request_time_info = ma.fields.List(
+        ma.fields.Dict(), load_default=list, validate=ma.validate.Length(max=100_000)
+    )
 
     @ma.validates_schema
     def _end_after_start(self, data: dict, **_: object) -> None:
@@ -130,11 +146,15 @@ class FrameSchema(ma.Schema):
         metadata={"description": "seconds since the epoch"},
     )
     seq = ma.fields.Integer()
-    gpus = ma.fields.List(ma.fields.Nested(GpuReadingSchema), load_default=list, validate=ma.validate.Length(max=256))
+    gpus = ma.fields.List(
+        ma.fields.Nested(GpuReadingSchema), load_default=list, validate=ma.validate.Length(max=256)
+    )
     host = ma.fields.Nested(HostReadingSchema, load_default=dict)
 
 
 class ImportFramesSchema(ma.Schema):
     frames = ma.fields.List(
-        ma.fields.Nested(FrameSchema), required=True, validate=ma.validate.Length(min=1, max=MAX_IMPORT_FRAMES)
+        ma.fields.Nested(FrameSchema),
+        required=True,
+        validate=ma.validate.Length(min=1, max=MAX_IMPORT_FRAMES),
     )

@@ -43,7 +43,8 @@ class TaskSchema(ma.Schema):
     target_device = ma.fields.String(allow_none=True)
     attempts = ma.fields.Integer()
     placement = ma.fields.Function(
-        lambda rec: (rec.params or {}).get("placement"), metadata={"description": "where auto placed it, and why"}
+        lambda rec: (rec.params or {}).get("placement"),
+        metadata={"description": "where auto placed it, and why"},
     )
     progress = ma.fields.Method("get_progress")
     result = ma.fields.Dict(allow_none=True)
@@ -85,11 +86,15 @@ class QueuedTaskSchema(TaskSchema):
     )
     estimated_start = ma.fields.Function(
         lambda rec: _place(rec, "estimated_start"),
-        metadata={"description": "seconds until it should start, from its node's recent operations; null: unknown"},
+        metadata={
+            "description": "seconds until it should start, from its node's recent operations; null: unknown"
+        },
     )
     estimated_time = ma.fields.Function(
         lambda rec: _place(rec, "estimated_time"),
-        metadata={"description": "seconds it should take (its bytes at the node's recent rate, or recent durations)"},
+        metadata={
+            "description": "seconds it should take (its bytes at the node's recent rate, or recent durations)"
+        },
     )
 
 
@@ -136,14 +141,18 @@ class Since(ma.fields.Field):
         try:
             when = datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError as exc:
-            raise ma.ValidationError("epoch seconds (1700000000.5) or ISO 8601 (2025-01-31T12:00:00Z)") from exc
+            raise ma.ValidationError(
+                "epoch seconds (1700000000.5) or ISO 8601 (2025-01-31T12:00:00Z)"
+            ) from exc
         return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 class TaskListArgsSchema(PageArgsSchema):
     status = ma.fields.String(
         validate=ma.validate.OneOf((*ALL_STATES, "completed")),
-        metadata={"description": "a status; the original's `completed` (succeeded) and `pending` (not started)"},
+        metadata={
+            "description": "a status; the original's `completed` (succeeded) and `pending` (not started)"
+        },
     )
     node = ma.fields.String()
     workflow_id = ma.fields.String()
@@ -153,7 +162,8 @@ class TaskListArgsSchema(PageArgsSchema):
 class HistoryArgsSchema(ma.Schema):
     limit = ma.fields.Integer(load_default=50, validate=ma.validate.Range(min=1, max=1000))
     status = ma.fields.String(
-        validate=ma.validate.OneOf((*FINISHED, "completed")), metadata={"description": "completed = succeeded"}
+        validate=ma.validate.OneOf((*FINISHED, "completed")),
+        metadata={"description": "completed = succeeded"},
     )
     since = Since(
         metadata={

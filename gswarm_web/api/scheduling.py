@@ -12,15 +12,20 @@ from ..control.nodes.fleet import current_view
 from ..scheduling import MODES, PUBLIC_POLICIES, simulate_payload, validate_payload
 from .offload import offload
 
-blp = Blueprint("scheduling", __name__, url_prefix="/api/v1", description="Scheduling: simulation and the fleet")
+blp = Blueprint(
+    "scheduling", __name__, url_prefix="/api/v1", description="Scheduling: simulation and the fleet"
+)
 
 MAX_REQUESTS = 20_000  # a simulation runs inside the request: keep it to seconds
 
 
 class SimulateSchema(ma.Schema):
-    config = ma.fields.Dict(required=True, metadata={"description": "the original's config JSON (models, workflows)"})
+    config = ma.fields.Dict(
+        required=True, metadata={"description": "the original's config JSON (models, workflows)"}
+    )
     requests = ma.fields.Raw(
-        required=True, metadata={"description": "the request trace: {requests: [...]} as the trace YAML has it"}
+        required=True,
+        metadata={"description": "the request trace: {requests: [...]} as the trace YAML has it"},
     )
     gpus = ma.fields.Integer(validate=ma.validate.Range(min=1, max=4096))
     fleet = ma.fields.Dict(metadata={"description": "nodes, GPUs, DRAM, bandwidths, where weights are"})

@@ -42,9 +42,13 @@ class ReplicaSchema(ma.Schema):
         allow_none=True,
         metadata={"description": "its last check, while it serves (null before it runs and once it stopped)"},
     )
-    placement = ma.fields.Dict(allow_none=True, metadata={"description": "the chosen device, candidates, reasons"})
+    placement = ma.fields.Dict(
+        allow_none=True, metadata={"description": "the chosen device, candidates, reasons"}
+    )
     engine = ma.fields.String(allow_none=True, metadata={"description": "the preset its node started"})
-    draining_since = ma.fields.DateTime(allow_none=True, metadata={"description": "scaled down: no new request"})
+    draining_since = ma.fields.DateTime(
+        allow_none=True, metadata={"description": "scaled down: no new request"}
+    )
     last_check_at = ma.fields.DateTime(allow_none=True)
     started_at = ma.fields.DateTime(allow_none=True)
     stopped_at = ma.fields.DateTime(allow_none=True)
@@ -53,14 +57,18 @@ class ReplicaSchema(ma.Schema):
 class ServiceSchema(ma.Schema):
     id = ma.fields.String()
     model_name = ma.fields.Function(lambda s: s.model.name)
-    requested_device = ma.fields.String(attribute="device", metadata={"description": "a device, or auto[:gpu|cpu]"})
+    requested_device = ma.fields.String(
+        attribute="device", metadata={"description": "a device, or auto[:gpu|cpu]"}
+    )
     node = ma.fields.Function(_of_first("node"), allow_none=True)
     device = ma.fields.Function(lambda s: getattr(first_replica(s), "device", None) or s.device)
     port = ma.fields.Function(_of_first("port"), allow_none=True)
     url = ma.fields.Function(_of_first("url"), allow_none=True)
     pid = ma.fields.Function(_of_first("pid"), allow_none=True)
     healthy = ma.fields.Function(
-        service_healthy, allow_none=True, metadata={"description": "every running replica passed its last check"}
+        service_healthy,
+        allow_none=True,
+        metadata={"description": "every running replica passed its last check"},
     )
     last_check_at = ma.fields.Function(lambda s: _iso(getattr(first_replica(s), "last_check_at", None)))
     started_at = ma.fields.Function(lambda s: _iso(getattr(first_replica(s), "started_at", None)))
@@ -71,14 +79,17 @@ class ServiceSchema(ma.Schema):
     engine = ma.fields.Function(lambda s: s.backend, metadata={"description": "the serving preset"})
     config = ma.fields.Function(lambda s: {k: v for k, v in (s.config or {}).items() if k != "nodes"})
     nodes = ma.fields.Function(
-        lambda s: (s.config or {}).get("nodes"), metadata={"description": "the nodes it is pinned to, one replica each"}
+        lambda s: (s.config or {}).get("nodes"),
+        metadata={"description": "the nodes it is pinned to, one replica each"},
     )
     status = ma.fields.String(metadata={"enum": list(SERVICE_STATES)})
     status_message = ma.fields.String(allow_none=True)
     idle_timeout_s = ma.fields.Float(allow_none=True)
     cold_start_timeout_s = ma.fields.Float()
     autoscaling = ma.fields.Function(
-        lambda s: _policy_doc(s), allow_none=True, metadata={"description": "the autoscaler's policy (null: fixed)"}
+        lambda s: _policy_doc(s),
+        allow_none=True,
+        metadata={"description": "the autoscaler's policy (null: fixed)"},
     )
     gateway_model = ma.fields.Function(
         lambda s: s.model.name, metadata={"description": "`model` at /v1 of the gateway"}
@@ -123,14 +134,19 @@ class ServiceStatusSchema(ma.Schema):
 class ServiceCreateSchema(ma.Schema):
     model_name = ma.fields.String(required=True)
     device = ma.fields.String(
-        load_default="auto", metadata={"description": "node1:gpu0, node1:cpu, or auto / auto:gpu / auto:cpu (default)"}
+        load_default="auto",
+        metadata={"description": "node1:gpu0, node1:cpu, or auto / auto:gpu / auto:cpu (default)"},
     )
     nodes = ma.fields.List(
         ma.fields.String(),
         validate=ma.validate.Length(min=1, max=64),
-        metadata={"description": "serve one replica on each of these nodes (names or addresses), and only there"},
+        metadata={
+            "description": "serve one replica on each of these nodes (names or addresses), and only there"
+        },
     )
-    replicas = ma.fields.Integer(validate=ma.validate.Range(min=1, max=64), metadata={"description": "1 by default"})
+    replicas = ma.fields.Integer(
+        validate=ma.validate.Range(min=1, max=64), metadata={"description": "1 by default"}
+    )
     port = ma.fields.Integer(validate=ma.validate.Range(min=1024, max=65535))
     engine = ma.fields.String(
         metadata={
@@ -156,7 +172,9 @@ class ServiceCreateSchema(ma.Schema):
 class ServiceUpdateSchema(ma.Schema):
     replicas = ma.fields.Integer(validate=ma.validate.Range(min=0, max=64))
     engine = ma.fields.String(
-        metadata={"description": "another serving preset: a rolling update (new replicas first, then the old drain)"}
+        metadata={
+            "description": "another serving preset: a rolling update (new replicas first, then the old drain)"
+        }
     )
     config = ma.fields.Dict(
         metadata={"description": "the preset's parameters and the service's own keys, whole: other parameters are a "
@@ -166,7 +184,9 @@ class ServiceUpdateSchema(ma.Schema):
     @ma.validates("config")
     def _no_command(self, value: Any, **_: Any) -> None:
         if isinstance(value, dict) and "command" in value:
-            raise ma.ValidationError("commands are configured on the node (serving.engines), never in a request")
+            raise ma.ValidationError(
+                "commands are configured on the node (serving.engines), never in a request"
+            )
 
     idle_timeout_s = ma.fields.Float(allow_none=True, validate=ma.validate.Range(min=1, max=30 * 86400))
     autoscaling = ma.fields.Dict(allow_none=True, metadata={**AUTOSCALING, "description": AUTOSCALING["description"]
@@ -180,7 +200,10 @@ class ScalingEventSchema(ma.Schema):
     direction = ma.fields.String(metadata={"enum": ["up", "down"]})
     reason = ma.fields.String()
     seen = ma.fields.Dict(
-        attribute="load", data_key="load", allow_none=True, metadata={"description": "in_flight, waiting, queue wait"}
+        attribute="load",
+        data_key="load",
+        allow_none=True,
+        metadata={"description": "in_flight, waiting, queue wait"},
     )
 
 
@@ -190,7 +213,9 @@ class ScalingSchema(ma.Schema):
     replicas = ma.fields.Integer()
     ready_replicas = ma.fields.Integer()
     draining_replicas = ma.fields.Integer()
-    in_flight = ma.fields.Dict(metadata={"description": "requests in flight per replica, over every web process"})
+    in_flight = ma.fields.Dict(
+        metadata={"description": "requests in flight per replica, over every web process"}
+    )
     waiting = ma.fields.Integer(metadata={"description": "requests waiting in the gateway's queue"})
     events = ma.fields.List(ma.fields.Nested(ScalingEventSchema))
 

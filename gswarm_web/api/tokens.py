@@ -24,7 +24,9 @@ class TokenCreateSchema(ma.Schema):
     models = ma.fields.List(
         ma.fields.String(validate=ma.validate.Length(min=1, max=200)),
         validate=ma.validate.Length(max=1000),
-        metadata={"description": "an inference token's models: the gateway refuses the others (default: every one)"},
+        metadata={
+            "description": "an inference token's models: the gateway refuses the others (default: every one)"
+        },
     )
 
 
@@ -32,7 +34,9 @@ class TokenSchema(ma.Schema):
     name = ma.fields.String()
     role = ma.fields.String()
     prefix = ma.fields.String()
-    models = ma.fields.List(ma.fields.String(), allow_none=True, metadata={"description": "null: every model"})
+    models = ma.fields.List(
+        ma.fields.String(), allow_none=True, metadata={"description": "null: every model"}
+    )
     created_at = ma.fields.DateTime()
     revoked_at = ma.fields.DateTime(allow_none=True)
     token = ma.fields.String(metadata={"description": "shown once, at creation"})

@@ -19,7 +19,9 @@ from ..workflows.spec import load_document
 from ..workflows.submit import check, collector_held, submit
 from .pagination import PageArgsSchema, PageSchema, page_of
 
-blp = Blueprint("workflows", __name__, url_prefix="/api/v1", description="Workflows: YAML DAGs run by the fleet")
+blp = Blueprint(
+    "workflows", __name__, url_prefix="/api/v1", description="Workflows: YAML DAGs run by the fleet"
+)
 
 STATES = ("running", "succeeded", "failed", "cancelled")
 STEP_STATUSES = ("pending", "queued", "running", "succeeded", "failed", "cancelled", "skipped")
@@ -36,7 +38,9 @@ class StepSchema(ma.Schema):
     target_device = ma.fields.String(allow_none=True)
     placement = ma.fields.Function(
         lambda rec: (rec.params or {}).get("placement"),
-        metadata={"description": "per field that was `auto` (or left out): the chosen device, candidates, reasons"},
+        metadata={
+            "description": "per field that was `auto` (or left out): the chosen device, candidates, reasons"
+        },
     )
     priority = ma.fields.String()
     dependencies = ma.fields.List(ma.fields.String(), attribute="depends_on")
@@ -177,7 +181,10 @@ class Workflows(MethodView):
                 "application/yaml": {"schema": {"type": "string"}},
                 "application/json": {"schema": {"type": "object"}},
                 "multipart/form-data": {
-                    "schema": {"type": "object", "properties": {"file": {"type": "string", "format": "binary"}}}
+                    "schema": {
+                        "type": "object",
+                        "properties": {"file": {"type": "string", "format": "binary"}},
+                    }
                 },
             }
         }
@@ -215,7 +222,14 @@ class WorkflowGraph(MethodView):
         run = get_run(workflow_id)
         steps = list(db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id)))
         nodes = [
-            {"id": s.step_id, "type": s.kind, "status": s.state, "node": s.node, "device": s.device, "chain": s.segment}
+            {
+                "id": s.step_id,
+                "type": s.kind,
+                "status": s.state,
+                "node": s.node,
+                "device": s.device,
+                "chain": s.segment,
+            }
             for s in steps
         ]
         edges = [{"from": d, "to": s.step_id} for s in steps for d in (s.depends_on or [])]

@@ -66,7 +66,13 @@ def human_bytes(n: Any) -> str:
     return str(n)
 
 
-STATUS_STYLE = {"healthy": "green", "unhealthy": "yellow", "offline": "red", "degraded": "yellow", "missing": "red"}
+STATUS_STYLE = {
+    "healthy": "green",
+    "unhealthy": "yellow",
+    "offline": "red",
+    "degraded": "yellow",
+    "missing": "red",
+}
 
 
 class GswarmGroup(click.Group):
@@ -88,11 +94,15 @@ class GswarmGroup(click.Group):
             err_console.print(f"[red]error:[/] {code}{exc.message}", highlight=False)
             sys.exit(1)
         except Exception as exc:
-            sa = sys.modules.get("sqlalchemy.exc")  # only a command that imported SQLAlchemy can raise its errors
+            sa = sys.modules.get(
+                "sqlalchemy.exc"
+            )  # only a command that imported SQLAlchemy can raise its errors
             if sa is None or not isinstance(exc, sa.SQLAlchemyError):
                 raise
             first = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-            err_console.print(f"[red]database error:[/] {first} (is it migrated? `gswarm db upgrade`)", highlight=False)
+            err_console.print(
+                f"[red]database error:[/] {first} (is it migrated? `gswarm db upgrade`)", highlight=False
+            )
             sys.exit(1)
 
 
@@ -170,7 +180,9 @@ def health(as_json: bool) -> None:
         console.print(f"status    [{style}]{body['status']}[/]")
         for part in ("database", "broker"):
             p = body[part]
-            console.print(f"{part:<9} " + (f"ok ({p['latency_ms']} ms)" if p["ok"] else f"[red]{p['error']}[/]"))
+            console.print(
+                f"{part:<9} " + (f"ok ({p['latency_ms']} ms)" if p["ok"] else f"[red]{p['error']}[/]")
+            )
         console.print(f"control   {', '.join(body['workers']['control']) or '[yellow]no control worker[/]'}")
         console.print("nodes     " + ", ".join(f"{k} {v}" for k, v in body["workers"]["nodes"].items()))
     if body["status"] == "unhealthy":
@@ -201,7 +213,9 @@ def token() -> None:
     default=None,
     help="admin (the default), read-only, or inference (the gateway at /v1 and nothing else).",
 )
-@click.option("--model", "models", multiple=True, help="An inference token's model (repeat it); default: every one.")
+@click.option(
+    "--model", "models", multiple=True, help="An inference token's model (repeat it); default: every one."
+)
 def token_create(name: str, read_only: bool, role: str | None, models: tuple[str, ...]) -> None:
     """Create a token in the database of this host's settings and print it (shown once)."""
     from gswarm_web import create_app

@@ -34,14 +34,18 @@ class ApiClient:
         try:
             resp = self.session.request(method, url, **kwargs)
         except requests.RequestException as exc:
-            raise NetworkError(f"cannot reach the gswarm API at {self.base_url}: {type(exc).__name__}") from exc
+            raise NetworkError(
+                f"cannot reach the gswarm API at {self.base_url}: {type(exc).__name__}"
+            ) from exc
         if resp.status_code == 204:
             return None
         try:
             body = resp.json()
         except ValueError:
             body = {}
-        if resp.status_code >= 400 and not (path.startswith("health") and isinstance(body, dict) and "status" in body):
+        if resp.status_code >= 400 and not (
+            path.startswith("health") and isinstance(body, dict) and "status" in body
+        ):
             raise ApiError(resp.status_code, body if isinstance(body, dict) else {})
         return body
 
@@ -66,7 +70,9 @@ class ApiClient:
                 timeout=self.timeout,
             )
         except requests.RequestException as exc:
-            raise NetworkError(f"cannot reach the gswarm API at {self.base_url}: {type(exc).__name__}") from exc
+            raise NetworkError(
+                f"cannot reach the gswarm API at {self.base_url}: {type(exc).__name__}"
+            ) from exc
         if resp.status_code >= 400:
             try:
                 body = resp.json()

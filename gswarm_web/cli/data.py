@@ -33,7 +33,16 @@ err_console = Console(stderr=True, soft_wrap=True)
 TYPES = ("input", "output", "intermediate")
 TERMINAL = ("succeeded", "failed", "cancelled")
 # what the API adds to a chunk's metadata; the rest is the user's own
-STANDARD_META = ("created_by", "created_at", "last_accessed", "access_count", "checksum", "blake3", "format", "size")
+STANDARD_META = (
+    "created_by",
+    "created_at",
+    "last_accessed",
+    "access_count",
+    "checksum",
+    "blake3",
+    "format",
+    "size",
+)
 
 
 def api() -> ApiClient:
@@ -74,7 +83,9 @@ def data() -> None:
 
 
 @data.command("list")
-@click.option("--device", default=None, help="Only chunks with a copy on this device (NODE:TIER; a bare tier: here).")
+@click.option(
+    "--device", default=None, help="Only chunks with a copy on this device (NODE:TIER; a bare tier: here)."
+)
 @click.option("--type", "chunk_type", type=click.Choice(TYPES), default=None)
 @click.option("--page", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--per-page", type=click.IntRange(1, 500), default=50, show_default=True)
@@ -87,13 +98,21 @@ def list_chunks(device: str | None, chunk_type: str | None, page: int, per_page:
         if here is None:
             raise click.UsageError(f"--device {device}: no node runs on this host; name it (NODE:{device})")
         device = f"{here}:{device}"
-    body = ApiClient.from_settings(settings).get("data", device=device, type=chunk_type, page=page, per_page=per_page)
+    body = ApiClient.from_settings(settings).get(
+        "data", device=device, type=chunk_type, page=page, per_page=per_page
+    )
     if as_json:
         click.echo(json.dumps(body, indent=2))
         return
     # the whole id, never folded or cut, to paste into the other commands
     table = Table(
-        Column("chunk", no_wrap=True, min_width=36), "type", "size", "format", "status", "locations", "references"
+        Column("chunk", no_wrap=True, min_width=36),
+        "type",
+        "size",
+        "format",
+        "status",
+        "locations",
+        "references",
     )
     for ch in body["chunks"]:
         table.add_row(
@@ -112,7 +131,9 @@ def list_chunks(device: str | None, chunk_type: str | None, page: int, per_page:
 
 
 @data.command("create")
-@click.option("--source", default=None, help="file:///path (under an allowed root), http(s)://... or s3://bucket/key.")
+@click.option(
+    "--source", default=None, help="file:///path (under an allowed root), http(s)://... or s3://bucket/key."
+)
 @click.option(
     "--file",
     "file",
@@ -144,10 +165,15 @@ def create(
     as_json: bool,
 ) -> None:
     """Create a chunk from a source URL, a local file or base64 bytes; equal content on a device is stored once."""
-    given = [name for name, v in (("--source", source), ("--file", file), ("--data-b64", data_b64)) if v is not None]
+    given = [
+        name
+        for name, v in (("--source", source), ("--file", file), ("--data-b64", data_b64))
+        if v is not None
+    ]
     if len(given) != 1:
         raise click.UsageError(
-            "give exactly one of --source, --file and --data-b64" + (f" (got {', '.join(given)})" if given else "")
+            "give exactly one of --source, --file and --data-b64"
+            + (f" (got {', '.join(given)})" if given else "")
         )
     meta: Any = {}
     if metadata is not None:
@@ -240,7 +266,9 @@ def _copied(c: ApiClient, chunk_id: str, op: dict[str, Any], kind: str, wait: bo
 
 @data.command("move")
 @click.argument("chunk_id")
-@click.option("--to", "target", required=True, help="NODE:TIER, or a bare tier (disk, dram) on the chunk's node.")
+@click.option(
+    "--to", "target", required=True, help="NODE:TIER, or a bare tier (disk, dram) on the chunk's node."
+)
 @click.option("--priority", type=click.Choice(names.PRIORITY_NAMES), default="normal", show_default=True)
 @click.option("--no-wait", is_flag=True, help="Return once the task is queued.")
 def move(chunk_id: str, target: str, priority: str, no_wait: bool) -> None:
@@ -271,7 +299,9 @@ def transfer(chunk_id: str, target: str, delete_source: bool, priority: str, no_
 
 @data.command("delete")
 @click.argument("chunk_id")
-@click.option("--force", is_flag=True, help="Delete it even while it is pinned or used by a running workflow.")
+@click.option(
+    "--force", is_flag=True, help="Delete it even while it is pinned or used by a running workflow."
+)
 def delete(chunk_id: str, force: bool) -> None:
     """Delete a chunk and every copy of it."""
     c = api()
@@ -297,7 +327,9 @@ def pin(chunk_id: str, holder: str) -> None:
 def unpin(chunk_id: str, holder: str) -> None:
     """Remove one pin from a chunk."""
     ch = api().delete(f"data/{chunk_id}/pins/{quote(holder, safe='')}")
-    console.print(f"chunk {chunk_id} unpinned by {holder} (held by {', '.join(ch['references']) or 'nobody'})")
+    console.print(
+        f"chunk {chunk_id} unpinned by {holder} (held by {', '.join(ch['references']) or 'nobody'})"
+    )
 
 
 RANGE = re.compile(r"^(\d+)-(\d*)$|^-(\d+)$")
@@ -319,8 +351,12 @@ def _write(resp: requests.Response, out: IO[bytes]) -> tuple[int, str]:
 
 @data.command("get")
 @click.argument("chunk_id")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Default: stdout.")
-@click.option("--range", "byte_range", default=None, help="Bytes a-b (inclusive), a- (from a) or -n (the last n).")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Default: stdout."
+)
+@click.option(
+    "--range", "byte_range", default=None, help="Bytes a-b (inclusive), a- (from a) or -n (the last n)."
+)
 def get(chunk_id: str, output: Path | None, byte_range: str | None) -> None:
     """Write a chunk's bytes (the whole chunk is checked against its sha256)."""
     m = RANGE.match(byte_range or "")
@@ -335,7 +371,9 @@ def get(chunk_id: str, output: Path | None, byte_range: str | None) -> None:
         raise click.ClickException(f"--range {byte_range} is outside the chunk") from None
     with resp:
         if byte_range and resp.status_code != 206:
-            raise click.ClickException(f"the server did not honour --range {byte_range} (HTTP {resp.status_code})")
+            raise click.ClickException(
+                f"the server did not honour --range {byte_range} (HTTP {resp.status_code})"
+            )
         want = resp.headers.get("ETag", "").strip('"')
         if output is None:
             n, digest = _write(resp, sys.stdout.buffer)
@@ -345,7 +383,9 @@ def get(chunk_id: str, output: Path | None, byte_range: str | None) -> None:
                 with open(tmp, "wb") as f:
                     n, digest = _write(resp, f)
                 if not byte_range and re.fullmatch(r"[0-9a-f]{64}", want) and digest != want:
-                    raise click.ClickException(f"chunk {chunk_id}: sha256 mismatch ({digest}, expected {want})")
+                    raise click.ClickException(
+                        f"chunk {chunk_id}: sha256 mismatch ({digest}, expected {want})"
+                    )
                 os.replace(tmp, output)
             finally:
                 tmp.unlink(missing_ok=True)

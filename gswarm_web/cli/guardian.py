@@ -95,7 +95,9 @@ def model_servers(storage_root: str | None) -> list[dict[str, Any]]:
     for path in sorted(services.glob("*.json")):
         try:
             entry = json.loads(path.read_text())
-            out.append({"pid": int(entry["pid"]), "created": entry.get("created"), "name": entry["service_id"]})
+            out.append(
+                {"pid": int(entry["pid"]), "created": entry.get("created"), "name": entry["service_id"]}
+            )
         except (OSError, ValueError, KeyError, TypeError):
             continue
     try:  # the warm starter records its pid alone: it is the one whose command line names this node's socket

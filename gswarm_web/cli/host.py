@@ -25,10 +25,14 @@ from .up import Launch, port_in_use, run_supervised
 
 console = Console(soft_wrap=True)
 PORT = click.IntRange(1, 65535)
-STOP_WAIT_S = 20.0  # everything is gone within 5 s of the signal; a start still migrating takes longer to notice
+STOP_WAIT_S = (
+    20.0  # everything is gone within 5 s of the signal; a start still migrating takes longer to notice
+)
 
 
-def _ports(settings: Settings, broker: int | None, http: int | None, model: int | None) -> tuple[int, int, int]:
+def _ports(
+    settings: Settings, broker: int | None, http: int | None, model: int | None
+) -> tuple[int, int, int]:
     """(broker, API, model API) ports, checked: distinct, and --port only where it places the embedded broker."""
     if broker is not None and settings.redis_url:
         parts = urlsplit(settings.redis_url)
@@ -66,14 +70,18 @@ def host() -> None:
     help="Where nodes connect: the broker; the embedded Redis listens here when GSWARM_REDIS_URL is unset "
     "(8090, cluster.port).",
 )
-@click.option("--http-port", type=PORT, default=None, help="The REST API and dashboard (8091, cluster.http_port).")
+@click.option(
+    "--http-port", type=PORT, default=None, help="The REST API and dashboard (8091, cluster.http_port)."
+)
 @click.option(
     "--model-port",
     type=click.IntRange(0, 65535),
     default=None,
     help="The same API on a second port, for clients of the original's model API (9010, cluster.model_port; 0: off).",
 )
-@click.option("--host", "bind", default=None, help="Address the API and broker bind to (cluster.host, 127.0.0.1).")
+@click.option(
+    "--host", "bind", default=None, help="Address the API and broker bind to (cluster.host, 127.0.0.1)."
+)
 def start(broker: int | None, http_port: int | None, model_port: int | None, bind: str | None) -> None:
     """Start the host: API, control worker, beat, and the embedded broker when GSWARM_REDIS_URL is unset."""
     settings = load_settings()
@@ -82,7 +90,9 @@ def start(broker: int | None, http_port: int | None, model_port: int | None, bin
     address = bind or settings.api_host
     for flag, port in (("--http-port", hport), ("--model-port", mport)):
         if port and port_in_use("0.0.0.0" if address in ("0.0.0.0", "") else address, port):
-            raise click.ClickException(f"port {port} ({flag}) is in use on {address}; give another with {flag}")
+            raise click.ClickException(
+                f"port {port} ({flag}) is in use on {address}; give another with {flag}"
+            )
     launch = Launch(address, hport, None, bport, True, mport, "gswarm host", "host start")
     run_supervised(settings, launch)
 
@@ -132,7 +142,9 @@ def status(as_json: bool) -> None:
     run = running(home)
     health = _health(run.get("api")) if run else None
     if as_json:
-        click.echo(json.dumps({"running": run is not None, "home": str(home), **(run or {}), "health": health}))
+        click.echo(
+            json.dumps({"running": run is not None, "home": str(home), **(run or {}), "health": health})
+        )
         sys.exit(0 if run else 1)
     if run is None:
         console.print(f"not running (no gswarm under GSWARM_HOME={home}; start one with `gswarm host start`)")

@@ -30,7 +30,12 @@ from .client import ApiClient
 
 console = Console(soft_wrap=True)
 BATCH = 5000  # frames per request
-DEFAULT_PATHS = ("~/.gswarm_model_data", "~/.gswarm_profiler_data", ".gswarm_model_data", ".gswarm_profiler_data")
+DEFAULT_PATHS = (
+    "~/.gswarm_model_data",
+    "~/.gswarm_profiler_data",
+    ".gswarm_model_data",
+    ".gswarm_profiler_data",
+)
 BAD_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 VERIFY_TIMEOUT_S = 120.0  # a node verifying a copy it holds
 DONE = ("succeeded", "failed", "cancelled")
@@ -175,7 +180,9 @@ def import_model_data(c: ApiClient, root: Path) -> list[str]:
         body = _model_body(m)
         name = body["model_name"]
         if not body["source_url"]:
-            out.append(f"model {name}: no source URL, not registered (`gswarm model register {name} --source URL`)")
+            out.append(
+                f"model {name}: no source URL, not registered (`gswarm model register {name} --source URL`)"
+            )
             continue
         try:
             c.post("models", body)
@@ -214,13 +221,17 @@ def _location(c: ApiClient, model: str, device: str, fleet: set[str]) -> str:
 
 @click.command("import")
 @click.argument("paths", nargs=-1, type=click.Path(exists=True))
-@click.option("--name", default=None, help="Session name for a single export file (default: its session_name).")
+@click.option(
+    "--name", default=None, help="Session name for a single export file (default: its session_name)."
+)
 def import_(paths: tuple[str, ...], name: str | None) -> None:
     """Bring in the original gswarm's data: ~/.gswarm_model_data, ~/.gswarm_profiler_data, or an export file."""
     c = ApiClient.from_settings(load_settings())
     roots = [Path(p) for p in paths] or [p for d in DEFAULT_PATHS if (p := Path(d).expanduser()).is_dir()]
     if not roots:
-        raise click.UsageError("nothing to import: give a PATH (no ~/.gswarm_model_data or ~/.gswarm_profiler_data)")
+        raise click.UsageError(
+            "nothing to import: give a PATH (no ~/.gswarm_model_data or ~/.gswarm_profiler_data)"
+        )
     for root in roots:
         if root.is_file():
             lines = [import_export_file(c, root, name)]

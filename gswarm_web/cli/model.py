@@ -10,7 +10,14 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 
 from gswarm_tasks import names
@@ -40,7 +47,9 @@ def source_url(source: str | None, url: str | None) -> str | None:
     """The model's source from the original's two spellings: `--source URL`, or `--source huggingface --url URL`."""
     if source in SOURCE_KINDS:
         if not url:
-            raise click.UsageError(f"--source {source} needs --url (or give the URL itself: --source hf://org/repo)")
+            raise click.UsageError(
+                f"--source {source} needs --url (or give the URL itself: --source hf://org/repo)"
+            )
         return url
     if source and url and source != url:
         raise click.UsageError("--source and --url both name a source: give one of them")
@@ -66,7 +75,9 @@ def follow(c: ApiClient, task: dict[str, Any], title: str, wait: bool = True) ->
             time.sleep(0.5)
             task = c.get(f"queue/tasks/{task['task_id']}")
             p = task["progress"]
-            bar.update(tid, completed=p.get("done_bytes") or 0, total=p.get("total_bytes"), phase=p.get("phase"))
+            bar.update(
+                tid, completed=p.get("done_bytes") or 0, total=p.get("total_bytes"), phase=p.get("phase")
+            )
     return finish(task)
 
 
@@ -89,9 +100,13 @@ def model() -> None:
 @click.option("--location", default=None, help="A device, node or tier.")
 @click.option("--type", "model_type", default=None)
 @click.option("--status", default=None)
-@click.option("--verbose", "-v", is_flag=True, help="Every copy (status, path), every service, source, description.")
+@click.option(
+    "--verbose", "-v", is_flag=True, help="Every copy (status, path), every service, source, description."
+)
 @click.option("--json", "as_json", is_flag=True)
-def list_models(location: str | None, model_type: str | None, status: str | None, verbose: bool, as_json: bool) -> None:
+def list_models(
+    location: str | None, model_type: str | None, status: str | None, verbose: bool, as_json: bool
+) -> None:
     """List models."""
     c = api()
     body = c.get("models", location=location, type=model_type, status=status, per_page=500)
@@ -124,7 +139,9 @@ def print_model(m: dict[str, Any]) -> None:
     desc = (m.get("metadata") or {}).get("description")
     console.print(f"  source      {m.get('source_url') or '-'}" + (f"\n  description {desc}" if desc else ""))
     for loc in m.get("location_details") or []:
-        console.print(f"  copy        {loc['device']:<16} {loc['status']:<8} {loc.get('path') or ''}", highlight=False)
+        console.print(
+            f"  copy        {loc['device']:<16} {loc['status']:<8} {loc.get('path') or ''}", highlight=False
+        )
     for dev, url in (m.get("services") or {}).items():
         console.print(f"  serving     {dev}: {url}", highlight=False)
 
@@ -190,7 +207,9 @@ def registered(c: ApiClient, name: str) -> bool:
 @click.argument("name")
 @click.option("--device", default="disk", show_default=True, help="disk, dram or NODE:TIER.")
 @click.option("--node", default=None, help="The node (default: this host's node, else placement chooses).")
-@click.option("--source", default=None, help="Overrides the registered source: a URL, or `huggingface` with --url.")
+@click.option(
+    "--source", default=None, help="Overrides the registered source: a URL, or `huggingface` with --url."
+)
 @click.option("--url", default=None, help="The source URL (with --source huggingface).")
 @click.option("--type", "model_type", default=None, help="Registers the model first when it is unknown.")
 @click.option("--priority", default="normal", type=click.Choice(names.PRIORITY_NAMES))
@@ -222,9 +241,15 @@ def download(
     follow(c, c.post(f"models/{name}/download", body), f"download {name}", not no_wait)
 
 
-def _move(name: str, src: str, dst: str, node: str | None, kind: str, extra: dict[str, Any], wait: bool) -> None:
+def _move(
+    name: str, src: str, dst: str, node: str | None, kind: str, extra: dict[str, Any], wait: bool
+) -> None:
     c = api()
-    body = {"source_device": full_device(src, node, "--from"), "target_device": full_device(dst, node, "--to"), **extra}
+    body = {
+        "source_device": full_device(src, node, "--from"),
+        "target_device": full_device(dst, node, "--to"),
+        **extra,
+    }
     follow(c, c.post(f"models/{name}/{kind}", body), f"{kind} {name}", wait)
 
 
@@ -290,7 +315,8 @@ def status(name: str, node: str | None) -> None:
     """A model's status, copies and services."""
     m = api().get(f"models/{name}")
     console.print(
-        f"{m['model_name']}: [bold]{m['status']}[/]" + (f"  ({m['status_message']})" if m.get("status_message") else "")
+        f"{m['model_name']}: [bold]{m['status']}[/]"
+        + (f"  ({m['status_message']})" if m.get("status_message") else "")
     )
     for loc in m["location_details"]:
         if node is None or loc["node"] == node:

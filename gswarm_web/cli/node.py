@@ -27,7 +27,11 @@ def print_node(n: dict[str, Any]) -> None:
     style = STYLE.get(n["status"], "")
     console.print(f"[bold]{n['name']}[/] [{style}]{n['status']}[/]")
     age = n.get("seconds_since_seen")
-    seen = f"{n.get('last_seen')} ({age:.0f} s ago)" if isinstance(age, int | float) else "never (not joined yet)"
+    seen = (
+        f"{n.get('last_seen')} ({age:.0f} s ago)"
+        if isinstance(age, int | float)
+        else "never (not joined yet)"
+    )
     console.print(f"  address     {n.get('address') or '-'}   host {n.get('hostname') or '-'}")
     console.print(f"  last seen   {seen}")
     if n.get("worker"):
@@ -42,7 +46,9 @@ def print_node(n: dict[str, Any]) -> None:
     for tier, info in sorted((n.get("storage") or {}).items()):
         if isinstance(info, dict):
             free = _bytes(info.get("free_bytes"))
-            console.print(f"  {tier:<11} {info.get('path') or '-'}  {free} free of {_bytes(info.get('total_bytes'))}")
+            console.print(
+                f"  {tier:<11} {info.get('path') or '-'}  {free} free of {_bytes(info.get('total_bytes'))}"
+            )
     declared = n.get("declared")
     if declared:
         caps = declared.get("capabilities") or {}
@@ -78,8 +84,12 @@ def status(name: str | None, as_json: bool) -> None:
             here = [loc for loc in m["locations"] if loc.split(":")[0] == name]
             console.print(f"  model       {m['model_name']} on {', '.join(here) or '-'} ({m['status']})")
         for s in services:
-            mine = [r for r in s["instances"] if r["node"] == name and r["status"] not in ("stopped", "failed")]
+            mine = [
+                r for r in s["instances"] if r["node"] == name and r["status"] not in ("stopped", "failed")
+            ]
             for r in mine:
-                console.print(f"  service     {s['model_name']} {r['device']} {r['status']} {r.get('url') or ''}")
+                console.print(
+                    f"  service     {s['model_name']} {r['device']} {r['status']} {r.get('url') or ''}"
+                )
     if n["status"] != "healthy":
         sys.exit(1)

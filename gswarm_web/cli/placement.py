@@ -27,7 +27,9 @@ def _gib(n: float | None) -> str:
     show_default=True,
     type=click.Choice(["serve", "load", "download", "copy", "move", "data"]),
 )
-@click.option("--kind", default=None, type=click.Choice(["gpu", "cpu", "dram", "disk"]), help="As in auto:<kind>.")
+@click.option(
+    "--kind", default=None, type=click.Choice(["gpu", "cpu", "dram", "disk"]), help="As in auto:<kind>."
+)
 @click.option("--json", "as_json", is_flag=True)
 def placement(model: str, action: str, kind: str | None, as_json: bool) -> None:
     """Show the device `auto` would choose for MODEL (nothing is changed)."""
@@ -36,7 +38,9 @@ def placement(model: str, action: str, kind: str | None, as_json: bool) -> None:
         click.echo(json.dumps(plan, indent=2))
         return
     need = f", needs {_gib(plan['need_bytes'])}" if plan.get("need_bytes") else ""
-    console.print(f"{action} {model}{need}: [bold green]{plan['chosen']}[/] (weights from {plan['loaded_from']})")
+    console.print(
+        f"{action} {model}{need}: [bold green]{plan['chosen']}[/] (weights from {plan['loaded_from']})"
+    )
     table = Table("device", "weights from", "load s", "free", "replicas", "verdict")
     for c in plan["candidates"]:
         verdict = "[green]chosen[/]" if c.get("chosen") else c.get("lost", "")

@@ -61,9 +61,13 @@ def profiler() -> None:
 @click.option("--freq", "freq_ms", type=int, default=None, help="Sampling period in ms (min 100).")
 @click.option("--node", "nodes", multiple=True, help="Only these nodes (repeatable); default all.")
 @click.option(
-    "--enable-bandwidth/--no-bandwidth", default=None, help="PCIe bandwidth (default profiling.enable_bandwidth)."
+    "--enable-bandwidth/--no-bandwidth",
+    default=None,
+    help="PCIe bandwidth (default profiling.enable_bandwidth).",
 )
-@click.option("--enable-nvlink/--no-nvlink", default=None, help="NVLink bandwidth (default profiling.enable_nvlink).")
+@click.option(
+    "--enable-nvlink/--no-nvlink", default=None, help="NVLink bandwidth (default profiling.enable_nvlink)."
+)
 def start(
     name: str | None,
     freq_ms: int | None,
@@ -88,23 +92,38 @@ def start(
 @profiler.command("stop")
 @click.option("--name", default=None, help="Default: every active session.")
 @click.option(
-    "--output-dir", "out_dir", default=None, help="Where <name>.json goes (default profiling.output_dir, else here)."
+    "--output-dir",
+    "out_dir",
+    default=None,
+    help="Where <name>.json goes (default profiling.output_dir, else here).",
 )
-@click.option("--format", "layout", type=LAYOUT, default=None, help="Layout of <name>.json (profiling.output_format).")
+@click.option(
+    "--format", "layout", type=LAYOUT, default=None, help="Layout of <name>.json (profiling.output_format)."
+)
 @click.option("--no-file", is_flag=True, help="Write no <name>.json here (the control plane writes its own).")
-@click.option("--force", is_flag=True, help="Replace a <name>.json that exists (by default the stop is refused).")
-def stop(name: str | None, out_dir: str | None, layout: str | None, no_file: bool, force: bool = False) -> None:
+@click.option(
+    "--force", is_flag=True, help="Replace a <name>.json that exists (by default the stop is refused)."
+)
+def stop(
+    name: str | None, out_dir: str | None, layout: str | None, no_file: bool, force: bool = False
+) -> None:
     """Stop a session (or all), print its summary and write <name>.json (never over a file, without --force)."""
     c = api()
     names = [name] if name else [s["name"] for s in c.get("profiler/sessions") if s["status"] == "active"]
-    taken = [str(p) for n in names if not no_file and not force and (p := named_file(output_dir(out_dir), n)).exists()]
+    taken = [
+        str(p)
+        for n in names
+        if not no_file and not force and (p := named_file(output_dir(out_dir), n)).exists()
+    ]
     if taken:
         raise click.ClickException(
             f"{', '.join(taken)} exist(s): nothing was stopped; give --force to replace, or --output-dir"
         )
     for n in names:
         s = c.post(f"profiler/sessions/{n}/stop", {})
-        console.print(f"session {n} stopped: {s['frame_count']} GPU frames, {s['host_frame_count']} host frames")
+        console.print(
+            f"session {n} stopped: {s['frame_count']} GPU frames, {s['host_frame_count']} host frames"
+        )
         for dev, st in (s.get("summary_by_device") or {}).items():
             console.print(
                 f"  {dev}: util mean {st['gpu_util']['mean']} max {st['gpu_util']['max']}, "
@@ -163,7 +182,9 @@ def _stat(st: dict[str, Any] | None, key: str) -> str:
 
 
 @profiler.command("report")
-@click.option("--name", default=None, help="One session's summary by device and node (default: every session).")
+@click.option(
+    "--name", default=None, help="One session's summary by device and node (default: every session)."
+)
 def report(name: str | None) -> None:
     """Summaries: of every session, or of one by device and by node."""
     c = api()
@@ -179,7 +200,9 @@ def report(name: str | None) -> None:
         return
     s = c.get(f"profiler/sessions/{name}")
     console.print(f"session {s['name']} ({s['status']}): {s['start_time']} to {s['end_time'] or 'now'}")
-    table = Table("GPU", "samples", "util mean", "util p95", "util max", "memory mean", "memory p95", "memory max")
+    table = Table(
+        "GPU", "samples", "util mean", "util p95", "util max", "memory mean", "memory p95", "memory max"
+    )
     for dev, st in (s.get("summary_by_device") or {}).items():
         u, m = st["gpu_util"], st["gpu_memory"]
         table.add_row(dev, str(st["samples"]), _stat(u, "mean"), _stat(u, "p95"), _stat(u, "max"),
@@ -206,9 +229,15 @@ def _recover_list(c: ApiClient) -> None:
 
 
 @profiler.command("recover")
-@click.option("--list", "list_", is_flag=True, help="Sessions that were running when the control plane stopped.")
-@click.option("--name", "--session-id", "name", default=None, help="Only this session (ids are names in gswarm).")
-@click.option("--export", "export_to", is_flag=False, flag_value="", default=None, help="Write its frames [to F].")
+@click.option(
+    "--list", "list_", is_flag=True, help="Sessions that were running when the control plane stopped."
+)
+@click.option(
+    "--name", "--session-id", "name", default=None, help="Only this session (ids are names in gswarm)."
+)
+@click.option(
+    "--export", "export_to", is_flag=False, flag_value="", default=None, help="Write its frames [to F]."
+)
 @click.option("--format", "layout", type=LAYOUT, default="gswarm", help="Layout of the --export file.")
 def recover(list_: bool, name: str | None, export_to: str | None, layout: str) -> None:
     """List sessions to recover (--list), resume one (--name) or all, or export one's frames (--export [F])."""
@@ -241,7 +270,9 @@ def export(name: str, output: str | None, layout: str, start: str | None, end: s
 
 
 @profiler.command("analyze")
-@click.option("--data", "data", required=True, type=click.Path(exists=True, dir_okay=False), help="An export JSON.")
+@click.option(
+    "--data", "data", required=True, type=click.Path(exists=True, dir_okay=False), help="An export JSON."
+)
 @click.option("--plot", "plot", required=True, type=click.Path(dir_okay=False), help="OUT.pdf or OUT.png")
 def analyze(data: str, plot: str) -> None:
     """Summarize an exported session (gswarm's layout or the original's) and plot it (offline; no API needed)."""

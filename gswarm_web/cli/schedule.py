@@ -48,7 +48,16 @@ def _inputs(config: str, requests: str, gpus: int | None, fleet: str | None, mod
 def summary_table(summary: dict[str, Any]) -> Table:
     """The summary of a schedule as one table row."""
     table = Table()
-    for col in ("policy", "mode", "steps", "makespan (s)", "loads", "load GPU-s", "latency p50 (s)", "p99 (s)"):
+    for col in (
+        "policy",
+        "mode",
+        "steps",
+        "makespan (s)",
+        "loads",
+        "load GPU-s",
+        "latency p50 (s)",
+        "p99 (s)",
+    ):
         table.add_column(col, no_wrap=col in ("policy", "mode"))
     table.add_row(
         summary["policy"],
@@ -69,19 +78,35 @@ def schedule() -> None:
 
 
 def _trace_options(f: Any) -> Any:
-    f = click.option("--fleet", type=click.Path(exists=True, dir_okay=False), help="Fleet YAML (nodes, tiers).")(f)
-    f = click.option("--gpus", type=click.IntRange(min=1), help="GPUs on one node (needed without --fleet).")(f)
-    f = click.option("--requests", required=True, type=click.Path(exists=True, dir_okay=False), help="Trace YAML.")(f)
-    return click.option("--config", required=True, type=click.Path(exists=True, dir_okay=False), help="Config JSON.")(f)
+    f = click.option(
+        "--fleet", type=click.Path(exists=True, dir_okay=False), help="Fleet YAML (nodes, tiers)."
+    )(f)
+    f = click.option("--gpus", type=click.IntRange(min=1), help="GPUs on one node (needed without --fleet).")(
+        f
+    )
+    f = click.option(
+        "--requests", required=True, type=click.Path(exists=True, dir_okay=False), help="Trace YAML."
+    )(f)
+    return click.option(
+        "--config", required=True, type=click.Path(exists=True, dir_okay=False), help="Config JSON."
+    )(f)
 
 
 @schedule.command("simulate")
 @_trace_options
 @click.option("--policy", type=click.Choice(PUBLIC_POLICIES), default=DEFAULT_POLICY, show_default=True)
 @click.option("--mode", type=click.Choice(MODES), default="online", show_default=True)
-@click.option("--output", type=click.Path(dir_okay=False), help="Write the schedule (OUT.json); '-' for stdout.")
+@click.option(
+    "--output", type=click.Path(dir_okay=False), help="Write the schedule (OUT.json); '-' for stdout."
+)
 def simulate_cmd(
-    config: str, requests: str, gpus: int | None, fleet: str | None, policy: str, mode: str, output: str | None
+    config: str,
+    requests: str,
+    gpus: int | None,
+    fleet: str | None,
+    policy: str,
+    mode: str,
+    output: str | None,
 ) -> None:
     """Run a policy over a request trace and write the schedule it makes."""
     workload, parsed_fleet = _inputs(config, requests, gpus, fleet, mode)
@@ -110,7 +135,9 @@ def validate_cmd(
     workload, parsed_fleet = _inputs(config, requests, gpus, fleet, mode)
     found = check_schedule(doc, workload, parsed_fleet, mode)
     if not found:
-        console.print(f"[green]valid[/]: {workload.steps} steps of {len(workload.request_ids)} requests, {mode} mode")
+        console.print(
+            f"[green]valid[/]: {workload.steps} steps of {len(workload.request_ids)} requests, {mode} mode"
+        )
         return
     for v in found[:SHOWN_VIOLATIONS]:
         console.print(f"[red]{v.check}[/]: {v.message}", highlight=False)
@@ -120,13 +147,21 @@ def validate_cmd(
 
 
 @schedule.command("generate")
-@click.option("--config", "config_in", type=click.Path(exists=True, dir_okay=False), help="Draw from this config.")
-@click.option("--write-config", type=click.Path(dir_okay=False), help="Write the built-in config here (JSON).")
+@click.option(
+    "--config", "config_in", type=click.Path(exists=True, dir_okay=False), help="Draw from this config."
+)
+@click.option(
+    "--write-config", type=click.Path(dir_okay=False), help="Write the built-in config here (JSON)."
+)
 @click.option("--output", default="-", show_default=True, help="Where the trace YAML goes ('-' for stdout).")
 @click.option("--count", type=click.IntRange(min=1), default=500, show_default=True, help="Requests.")
-@click.option("--gpus", type=click.IntRange(min=1), default=8, show_default=True, help="GPUs the rate is for.")
+@click.option(
+    "--gpus", type=click.IntRange(min=1), default=8, show_default=True, help="GPUs the rate is for."
+)
 @click.option("--utilization", type=click.FloatRange(min=0, min_open=True), default=0.7, show_default=True)
-@click.option("--burst", type=click.FloatRange(min=1), default=1.0, show_default=True, help="Mean burst size.")
+@click.option(
+    "--burst", type=click.FloatRange(min=1), default=1.0, show_default=True, help="Mean burst size."
+)
 @click.option("--workflow", "workflows", multiple=True, help="Only these workflows (repeatable).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def generate_cmd(
@@ -170,7 +205,9 @@ def generate_cmd(
 
 @schedule.command("plot")
 @click.argument("schedules", metavar="OUT.json...", nargs=-1, required=True, type=click.Path(exists=True))
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="gantt.png (or .pdf, .svg).")
+@click.option(
+    "-o", "--output", required=True, type=click.Path(dir_okay=False), help="gantt.png (or .pdf, .svg)."
+)
 @click.option("--until", type=click.FloatRange(min=0, min_open=True), help="Show only the first seconds.")
 def plot_cmd(schedules: tuple[str, ...], output: str, until: float | None) -> None:
     """A Gantt chart per GPU (steps coloured by model, loads hatched); several schedules are stacked to compare."""

@@ -20,19 +20,35 @@ console = Console(soft_wrap=True)
 @click.command("serve")
 @click.argument("name")
 @click.option(
-    "--device", default="auto", show_default=True, help="auto, auto:gpu, auto:cpu, gpuN or cpu (--node), NODE:gpuN."
+    "--device",
+    default="auto",
+    show_default=True,
+    help="auto, auto:gpu, auto:cpu, gpuN or cpu (--node), NODE:gpuN.",
 )
-@click.option("--replicas", type=click.IntRange(1, 64), default=None, help="1 by default (autoscaled: its minimum).")
+@click.option(
+    "--replicas", type=click.IntRange(1, 64), default=None, help="1 by default (autoscaled: its minimum)."
+)
 @click.option("--node", default=None)
 @click.option("--port", type=int, default=None)
 @click.option(
-    "--engine", default="builtin", show_default=True, help="A serving preset of the nodes (builtin, vllm, sglang, ...)."
+    "--engine",
+    default="builtin",
+    show_default=True,
+    help="A serving preset of the nodes (builtin, vllm, sglang, ...).",
 )
-@click.option("--idle-timeout", type=float, default=None, help="Seconds without requests before it is unloaded.")
-@click.option("--min-replicas", type=click.IntRange(0, 64), default=None, help="Autoscaled: the fewest (0: sleeps).")
+@click.option(
+    "--idle-timeout", type=float, default=None, help="Seconds without requests before it is unloaded."
+)
+@click.option(
+    "--min-replicas", type=click.IntRange(0, 64), default=None, help="Autoscaled: the fewest (0: sleeps)."
+)
 @click.option("--max-replicas", type=click.IntRange(1, 64), default=None, help="Autoscaled: the most.")
-@click.option("--target-in-flight", type=float, default=None, help="Autoscaled: requests in flight per replica (4).")
-@click.option("--timeout", type=float, default=600, show_default=True, help="Seconds to wait for the replicas.")
+@click.option(
+    "--target-in-flight", type=float, default=None, help="Autoscaled: requests in flight per replica (4)."
+)
+@click.option(
+    "--timeout", type=float, default=600, show_default=True, help="Seconds to wait for the replicas."
+)
 @click.option("--no-wait", is_flag=True)
 def serve(
     name: str,
@@ -65,7 +81,9 @@ def serve(
     svc = c.post("services", body)
     for r in svc["instances"]:
         chosen = (r.get("placement") or {}).get("loaded_from")
-        console.print(f"replica {r['id'][:8]} -> {r['device']}" + (f" (weights from {chosen})" if chosen else ""))
+        console.print(
+            f"replica {r['id'][:8]} -> {r['device']}" + (f" (weights from {chosen})" if chosen else "")
+        )
     if not no_wait and svc["replicas"] > 0:
         svc = wait_replicas(c, svc["id"], svc["replicas"], timeout)
     console.print(
@@ -87,7 +105,9 @@ def wait_replicas(c: ApiClient, service_id: str, count: int, timeout: float) -> 
             if svc["ready_replicas"] >= count and svc["status"] == "running":
                 return svc
             if svc["status"] in ("failed", "stopped") or time.monotonic() > deadline:
-                console.print(f"[red]service {service_id} {svc['status']}[/]: {svc.get('status_message') or ''}")
+                console.print(
+                    f"[red]service {service_id} {svc['status']}[/]: {svc.get('status_message') or ''}"
+                )
                 sys.exit(1)
             time.sleep(0.5)
 
@@ -112,7 +132,9 @@ def live_service(c: ApiClient, name: str) -> dict[str, Any]:
 def scale(name_or_service: str, replicas: int, timeout: float, no_wait: bool) -> None:
     """Keep a model's service at REPLICAS replicas (placement chooses where new ones go)."""
     c = api()
-    svc = c.request("PATCH", f"services/{live_service(c, name_or_service)['id']}", json={"replicas": replicas})
+    svc = c.request(
+        "PATCH", f"services/{live_service(c, name_or_service)['id']}", json={"replicas": replicas}
+    )
     if not no_wait:
         svc = wait_replicas(c, svc["id"], replicas, timeout)
     console.print(f"service {svc['id']}: {svc['ready_replicas']}/{svc['replicas']} replicas running")
@@ -157,7 +179,9 @@ def services(as_json: bool) -> None:
         return
     table = Table("id", "model", "device", "status", "healthy", "url")
     for s in body["services"]:
-        table.add_row(s["id"][:8], s["model_name"], s["device"], s["status"], str(s["healthy"]), s["url"] or "-")
+        table.add_row(
+            s["id"][:8], s["model_name"], s["device"], s["status"], str(s["healthy"]), s["url"] or "-"
+        )
     console.print(table)
 
 
@@ -191,7 +215,9 @@ def service_health(name_or_service: str, as_json: bool) -> None:
             console.print(f"service {svc['id']}: {svc['status']}, {svc['ready_replicas']}/{svc['replicas']} ready, "
                           f"{up}{msg}", highlight=False)  # fmt: skip
     # an idle service is unloaded on purpose and wakes with its next request
-    if not all(svc["status"] == "idle" or (svc.get("healthy") and svc["status"] == "running") for svc in report):
+    if not all(
+        svc["status"] == "idle" or (svc.get("healthy") and svc["status"] == "running") for svc in report
+    ):
         sys.exit(1)
 
 
@@ -231,7 +257,9 @@ def scaling(name_or_service: str, limit: int, as_json: bool) -> None:
     for e in body["events"][:limit]:
         style = "green" if e["direction"] == "up" else "yellow"
         seen = ", ".join(f"{k} {v}" for k, v in (e.get("load") or {}).items()) or "-"
-        table.add_row(e["at"][:19], f"[{style}]{e['from_replicas']} -> {e['to_replicas']}[/]", e["reason"], seen)
+        table.add_row(
+            e["at"][:19], f"[{style}]{e['from_replicas']} -> {e['to_replicas']}[/]", e["reason"], seen
+        )
     if body["events"]:
         console.print(table)
     else:

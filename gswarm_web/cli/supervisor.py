@@ -68,7 +68,15 @@ class Supervisor:
         logf = open(records.parent / "logs" / "guardian.log", "ab")  # noqa: SIM115
         with logf:
             self._guardian = subprocess.Popen(
-                [sys.executable, "-m", "gswarm_web.cli.guardian", "--records", str(records), "--fd", str(read_end)],
+                [
+                    sys.executable,
+                    "-m",
+                    "gswarm_web.cli.guardian",
+                    "--records",
+                    str(records),
+                    "--fd",
+                    str(read_end),
+                ],
                 pass_fds=(read_end,),
                 stdout=logf,
                 stderr=subprocess.STDOUT,
@@ -92,7 +100,9 @@ class Supervisor:
             except Exception:  # psutil.NoSuchProcess: it died at once; `check` restarts it and records again
                 continue
         me = guardian.identity(os.getpid())
-        guardian.write(self.records, {"supervisor": me, "storage_root": self.storage_root, "children": children})
+        guardian.write(
+            self.records, {"supervisor": me, "storage_root": self.storage_root, "children": children}
+        )
 
     def _popen(self, spec: ProcSpec) -> tuple[subprocess.Popen[bytes], IO[bytes] | None]:
         logf = None

@@ -71,7 +71,9 @@ def workflow() -> None:
 def run(file: str, wait: bool) -> None:
     """Submit a workflow file (YAML or JSON)."""
     c = api()
-    body = c.request("POST", "workflows", data=Path(file).read_bytes(), headers={"Content-Type": "application/yaml"})
+    body = c.request(
+        "POST", "workflows", data=Path(file).read_bytes(), headers={"Content-Type": "application/yaml"}
+    )
     console.print(f"workflow {body['id']} submitted ({sum(body['step_counts'].values())} steps)")
     if not wait:
         return
@@ -90,7 +92,9 @@ def run(file: str, wait: bool) -> None:
 @workflow.command("list")
 @click.option(
     "--status",
-    type=click.Choice(["running", "succeeded", "failed", "cancelled", "completed", "canceled"], case_sensitive=False),
+    type=click.Choice(
+        ["running", "succeeded", "failed", "cancelled", "completed", "canceled"], case_sensitive=False
+    ),
     default=None,
     help="A workflow's state (the original's completed = succeeded).",
 )
@@ -134,8 +138,12 @@ def cancel(workflow_id: str) -> None:
 
 
 @workflow.command("example")
-@click.option("--output", "output", required=True, type=click.Path(file_okay=False), help="Directory to write to.")
-@click.option("--original", is_flag=True, help="Write them as the original docs have them (naming node1, node2).")
+@click.option(
+    "--output", "output", required=True, type=click.Path(file_okay=False), help="Directory to write to."
+)
+@click.option(
+    "--original", is_flag=True, help="Write them as the original docs have them (naming node1, node2)."
+)
 def example(output: str, original: bool) -> None:
     """Write the example workflows of the original gswarm docs, with `auto` devices: they run on any fleet that
     has the hardware they need (placement chooses every device at submission)."""
@@ -160,7 +168,9 @@ def queue_status() -> None:
     table = Table("node", "priority", "pending", "running", "completed", "failed")
     for node, prios in sorted(body["nodes"].items()):
         for prio, c in prios.items():
-            table.add_row(node, prio, str(c["pending"]), str(c["running"]), str(c["completed"]), str(c["failed"]))
+            table.add_row(
+                node, prio, str(c["pending"]), str(c["running"]), str(c["completed"]), str(c["failed"])
+            )
     console.print(table)
     console.print("totals: " + ", ".join(f"{k} {v}" for k, v in body["totals"].items()))
 
@@ -200,7 +210,9 @@ def status_word(value: str | None) -> str | None:
 @click.option("--node", default=None)
 def queue_tasks(status: str | None, node: str | None) -> None:
     """Tasks, newest first."""
-    console.print(tasks_table(api().get("queue/tasks", status=status_word(status), node=node, per_page=100)["tasks"]))
+    console.print(
+        tasks_table(api().get("queue/tasks", status=status_word(status), node=node, per_page=100)["tasks"])
+    )
 
 
 @queue.command("cancel")

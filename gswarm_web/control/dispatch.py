@@ -111,7 +111,14 @@ def _send(app: Any, o: _Outgoing, producer: Any = None) -> None:
     # Nothing reads an operation's Celery result (its outcome comes as reports): the sender subscribes to none
     # and the worker stores none.
     send_to_node(
-        app, o.node, o.task, kwargs=o.kwargs, priority=o.priority, task_id=o.id, producer=producer, ignore_result=True
+        app,
+        o.node,
+        o.task,
+        kwargs=o.kwargs,
+        priority=o.priority,
+        task_id=o.id,
+        producer=producer,
+        ignore_result=True,
     )
 
 
@@ -231,7 +238,9 @@ def resend_untaken(older_than_s: float, confirm_s: float = 5.0, limit: int = 200
     lost = _not_held(client, [rec for rec in rows if _healthy(rec.node)])
     due = _confirmed(client, lost, confirm_s, older_than_s)
     for rec in due:
-        log.warning("operation %s (%s) was taken by no worker of %s: sending it again", rec.id, rec.kind, rec.node)
+        log.warning(
+            "operation %s (%s) was taken by no worker of %s: sending it again", rec.id, rec.kind, rec.node
+        )
     _send_again(due)
     return len(due)
 
@@ -239,7 +248,9 @@ def resend_untaken(older_than_s: float, confirm_s: float = 5.0, limit: int = 200
 def _healthy(name: str | None) -> bool:
     node = db.session.get(Node, name) if name else None
     s = settings()
-    return node is not None and node_status(node, now(), s.heartbeat_timeout_s, s.offline_after_s) == "healthy"
+    return (
+        node is not None and node_status(node, now(), s.heartbeat_timeout_s, s.offline_after_s) == "healthy"
+    )
 
 
 def _not_held(client: Any, rows: list[TaskRecord]) -> list[TaskRecord]:
@@ -285,7 +296,13 @@ def peer_source(node: Node, tier: str, prefix: str, ttl_s: float | None = None) 
     (the broker keeps them, Flower shows them). `ttl_s` is not used (kept for callers that still pass it)."""
     if not node.file_port or not node.address:
         raise ResourceUnavailable(f"{node.name} announced no file server", {"node": node.name})
-    return {"node": node.name, "tier": tier, "address": node.address, "port": node.file_port, "prefix": prefix}
+    return {
+        "node": node.name,
+        "tier": tier,
+        "address": node.address,
+        "port": node.file_port,
+        "prefix": prefix,
+    }
 
 
 def read_token(node: str, prefix: str, ttl_s: float) -> str:

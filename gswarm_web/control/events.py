@@ -31,9 +31,17 @@ from ..tables import Model, ModelLocation, Node, ProfilerSession, Replica, Servi
 log = logging.getLogger(__name__)
 
 PENDING = "gswarm_events"  # session.info key: the events of the transaction in progress
-RETRY_AFTER_S = 5.0  # after Redis refused a publish, the next try waits this long (a commit never waits on it)
+RETRY_AFTER_S = (
+    5.0  # after Redis refused a publish, the next try waits this long (a commit never waits on it)
+)
 # The attribute whose change is an event, per table.
-STATUS = {TaskRecord: "state", WorkflowRun: "status", Service: "status", Replica: "status", Node: "status_recorded"}
+STATUS = {
+    TaskRecord: "state",
+    WorkflowRun: "status",
+    Service: "status",
+    Replica: "status",
+    Node: "status_recorded",
+}
 STATUS.update({ProfilerSession: "state", Model: "status", ModelLocation: "status"})
 _down_until = 0.0
 _node_states: dict[str, str] = {}  # what this process last published per node (heartbeat upserts)
@@ -62,7 +70,9 @@ def describe(obj: Any) -> dict[str, Any] | None:
         return {"type": "profiler_session", "id": obj.name, "status": obj.state, "time": at}
     if isinstance(obj, Model):
         return {"type": "model", "id": obj.name, "status": obj.status, "time": at}
-    if isinstance(obj, ModelLocation):  # a copy: its model's name when it is at hand (no query inside a flush)
+    if isinstance(
+        obj, ModelLocation
+    ):  # a copy: its model's name when it is at hand (no query inside a flush)
         model = obj.__dict__.get("model")
         name = model.name if model is not None else obj.model_id
         return {"type": "model", "id": name, "device": obj.device, "status": obj.status, "time": at}
@@ -99,7 +109,12 @@ def _on_execute(state: Any) -> None:
             name, status = row.get("name"), "stopped" if row.get("state") == "stopped" else "healthy"
             if isinstance(name, str) and _node_states.get(name) != status:
                 _node_states[name] = status
-                pending[("node", name, None)] = {"type": "node", "id": name, "status": status, "time": time.time()}
+                pending[("node", name, None)] = {
+                    "type": "node",
+                    "id": name,
+                    "status": status,
+                    "time": time.time(),
+                }
 
 
 def _after_commit(session: Session) -> None:

@@ -58,7 +58,9 @@ class Intake:
         except TRANSIENT:
             raise  # the batch stays pending and is read again
         except Exception:
-            log.exception("a batch of %d %s report(s) failed; applying them one by one", len(batch), batch[0].kind)
+            log.exception(
+                "a batch of %d %s report(s) failed; applying them one by one", len(batch), batch[0].kind
+            )
             for r in batch:
                 try:
                     self._finish(self._commit(route, [r]))
@@ -98,6 +100,8 @@ class Intake:
             "workflow_id": r.workflow_id,
         }
         try:
-            redis_client().xadd(names.DEAD_REPORTS_STREAM, {"event": json.dumps(doc)}, maxlen=100_000, approximate=True)
+            redis_client().xadd(
+                names.DEAD_REPORTS_STREAM, {"event": json.dumps(doc)}, maxlen=100_000, approximate=True
+            )
         except redis.RedisError as exc:
             log.warning("could not keep the dead report: %s", exc)

@@ -153,7 +153,10 @@ class _History:
     def __init__(self, node: str) -> None:
         self.kinds: dict[str, list[tuple[float, int | None]]] = {}
         self.fleet: dict[str, list[tuple[float, int | None]]] = {}
-        for table, where in ((self.kinds, TaskRecord.node == node), (self.fleet, TaskRecord.node.is_not(None))):
+        for table, where in (
+            (self.kinds, TaskRecord.node == node),
+            (self.fleet, TaskRecord.node.is_not(None)),
+        ):
             rows = db.session.execute(
                 db.select(TaskRecord.kind, TaskRecord.started_at, TaskRecord.finished_at, TaskRecord.result)
                 .where(where, TaskRecord.state == "succeeded", TaskRecord.started_at.is_not(None))
@@ -163,7 +166,9 @@ class _History:
             for kind, started, finished, result in rows:
                 if finished is None or (result or {}).get("noop"):
                     continue
-                table.setdefault(kind, []).append((max(0.0, (finished - started).total_seconds()), _bytes_of(result)))
+                table.setdefault(kind, []).append(
+                    (max(0.0, (finished - started).total_seconds()), _bytes_of(result))
+                )
 
     def estimate(self, kind: str, size: int | None) -> float | None:
         """Seconds an operation of `kind` (of `size` bytes, when known) should take; None when nothing is known."""

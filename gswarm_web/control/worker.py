@@ -120,7 +120,12 @@ class StreamConsumer:
 
     def _claim_stale(self) -> list[tuple[Any, dict[Any, Any]]]:
         res: Any = self.client.xautoclaim(
-            self.stream, self.group, self.consumer, min_idle_time=self.claim_idle_ms, start_id="0-0", count=self.batch
+            self.stream,
+            self.group,
+            self.consumer,
+            min_idle_time=self.claim_idle_ms,
+            start_id="0-0",
+            count=self.batch,
         )
         return [(eid, fields) for eid, fields in res[1] if fields is not None]
 

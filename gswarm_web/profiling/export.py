@@ -31,7 +31,12 @@ def slim(f: dict[str, Any]) -> dict[str, Any]:
     """A node's frame reduced to what the export and the summaries read (its `seq` too: gaps show as holes)."""
     host = f.get("host") or {}
     gpus = [{k: g[k] for k in GPU_FIELDS if k in g} for g in f.get("gpus") or [] if isinstance(g, dict)]
-    out = {"time": f["time"], "node": f["node"], "host": {k: host[k] for k in HOST_KEYS if k in host}, "gpus": gpus}
+    out = {
+        "time": f["time"],
+        "node": f["node"],
+        "host": {k: host[k] for k in HOST_KEYS if k in host},
+        "gpus": gpus,
+    }
     if isinstance(f.get("seq"), int):
         out["seq"] = f["seq"]
     return out
@@ -90,12 +95,16 @@ def host_row(fid: int, f: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def rows(fid: int, f: dict[str, Any], bandwidth: bool, nvlink: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def rows(
+    fid: int, f: dict[str, Any], bandwidth: bool, nvlink: bool
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The export's rows of one frame: its GPU readings and its host reading."""
     return [gpu_row(fid, f, g, bandwidth, nvlink) for g in f.get("gpus") or []], host_row(fid, f)
 
 
-def frames_from_rows(gpu_rows: Iterable[dict[str, Any]], host_rows: Iterable[dict[str, Any]]) -> Iterator[dict]:
+def frames_from_rows(
+    gpu_rows: Iterable[dict[str, Any]], host_rows: Iterable[dict[str, Any]]
+) -> Iterator[dict]:
     """The frames an export's rows came from (a host row for every frame; its GPU rows share its `frame_id`)."""
     by_fid: dict[Any, list[dict[str, Any]]] = {}
     for r in gpu_rows:
@@ -218,7 +227,9 @@ class DocumentWriter:
             if overwrite:
                 os.replace(tmp, self.path)
             else:
-                os.link(tmp, self.path)  # refuses an existing file: no check-then-write race with another writer
+                os.link(
+                    tmp, self.path
+                )  # refuses an existing file: no check-then-write race with another writer
                 os.unlink(tmp)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

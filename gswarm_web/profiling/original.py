@@ -112,7 +112,8 @@ class ToOriginal:
         if self.nvlink:
             frame["gpu_bandwidth"] = [
                 _sum_gb(
-                    _num(self.latest[i].get("nvlink_rx_bytes_per_s")), _num(self.latest[i].get("nvlink_tx_bytes_per_s"))
+                    _num(self.latest[i].get("nvlink_rx_bytes_per_s")),
+                    _num(self.latest[i].get("nvlink_tx_bytes_per_s")),
                 )
                 for i in ids
             ]
@@ -197,7 +198,9 @@ def _reading(frame: dict[str, Any], i: int) -> tuple[str, dict[str, Any]]:
     for field, v in (("pcie_rx_bytes_per_s", rx), ("pcie_tx_bytes_per_s", tx)):
         if v is not None:
             g[field] = round(v * GB)
-    if (nv := _at(frame, "gpu_bandwidth", i)) is not None:  # a list of links (the first layout) has no per-GPU value
+    if (
+        nv := _at(frame, "gpu_bandwidth", i)
+    ) is not None:  # a list of links (the first layout) has no per-GPU value
         g["nvlink_rx_bytes_per_s"], g["nvlink_tx_bytes_per_s"] = round(nv * GB), 0
     return host, g
 

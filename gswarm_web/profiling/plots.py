@@ -20,7 +20,10 @@ Series = dict[str, tuple[list[float], list[float]]]
 HOST_PANELS = {
     "cpu": ("CPU (%)", (("cpu_percent", "", 1.0),)),
     "dram": ("DRAM used (%)", (("dram_percent", "", 1.0),)),
-    "disk": ("disk (MB/s)", (("disk_read_bytes_per_s", " read", 1e6), ("disk_write_bytes_per_s", " write", 1e6))),
+    "disk": (
+        "disk (MB/s)",
+        (("disk_read_bytes_per_s", " read", 1e6), ("disk_write_bytes_per_s", " write", 1e6)),
+    ),
     "network": ("network (MB/s)", (("net_rx_bytes_per_s", " rx", 1e6), ("net_tx_bytes_per_s", " tx", 1e6))),
 }
 
@@ -34,7 +37,9 @@ def _series(rows: list[dict[str, Any]], key: str, by: str) -> Series:
     return dict(out)
 
 
-def _lines(ax: Axes, series: Series, t0: float, scale: float = 1.0, suffix: str = "", style: str = "-") -> None:
+def _lines(
+    ax: Axes, series: Series, t0: float, scale: float = 1.0, suffix: str = "", style: str = "-"
+) -> None:
     for name, (ts, vs) in sorted(series.items()):
         ax.plot([t - t0 for t in ts], [v / scale for v in vs], style, label=f"{name}{suffix}", linewidth=1)
 
@@ -114,12 +119,16 @@ def panels_of(doc: dict[str, Any], spans: list[dict[str, Any]] | None) -> list[s
     return panels + (["steps"] if spans else [])
 
 
-def render(doc: dict[str, Any], spans: list[dict[str, Any]] | None = None, fmt: str = "png") -> tuple[bytes, int]:
+def render(
+    doc: dict[str, Any], spans: list[dict[str, Any]] | None = None, fmt: str = "png"
+) -> tuple[bytes, int]:
     """The session's figure as PNG or PDF bytes, and how many panels it has."""
     frames, hosts = doc["frames"], doc.get("host_frames") or []
     t0 = min((f["time"] for f in [*frames, *hosts]), default=0.0)
     panels = panels_of(doc, spans)
-    fig = Figure(figsize=(11, 2.6 * len(panels)))  # not pyplot's: no global state, so threads may draw at once
+    fig = Figure(
+        figsize=(11, 2.6 * len(panels))
+    )  # not pyplot's: no global state, so threads may draw at once
     axes = fig.subplots(len(panels), 1, squeeze=False)
     ax = {name: axes[i][0] for i, name in enumerate(panels)}
     if frames:

@@ -16,7 +16,9 @@ SIMULATE_FIELDS = ("config", "requests", "gpus", "fleet", "policy", "mode")
 VALIDATE_FIELDS = ("config", "requests", "gpus", "fleet", "mode", "schedule")
 
 
-def prepare(config: Config, requests: Any, gpus: int | None, fleet: Fleet | None, mode: str) -> tuple[Workload, Fleet]:
+def prepare(
+    config: Config, requests: Any, gpus: int | None, fleet: Fleet | None, mode: str
+) -> tuple[Workload, Fleet]:
     """The trace's steps in `mode` and the fleet to run them on (`gpus` GPUs on one node when no fleet is given)."""
     workload = Workload(config, parse_requests(requests, config), mode)
     if fleet is None:
@@ -25,7 +27,9 @@ def prepare(config: Config, requests: Any, gpus: int | None, fleet: Fleet | None
         fleet = Fleet.single_node(gpus)
     elif gpus is not None and gpus != fleet.gpus:
         raise refuse("gpus", f"{gpus} given, the fleet has {fleet.gpus} GPUs", gpus)
-    fleet.check_config(config, {m.name for m in workload.models}, "fleet" if not fleet.uniform else "GPUs given")
+    fleet.check_config(
+        config, {m.name for m in workload.models}, "fleet" if not fleet.uniform else "GPUs given"
+    )
     return workload, fleet
 
 

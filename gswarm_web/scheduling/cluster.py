@@ -65,7 +65,9 @@ class Residency:
                 self.holders[m].discard(x)
 
 
-def seed_residency(fleet: Fleet, models: list[ModelSpec], model_index: dict[str, int], residency: Residency) -> None:
+def seed_residency(
+    fleet: Fleet, models: list[ModelSpec], model_index: dict[str, int], residency: Residency
+) -> None:
     """What the fleet says is resident on GPUs at the start, grouped by the model's GPUs per instance, node by node."""
     for name, places in fleet.weights.items():
         m = model_index.get(name)
@@ -137,7 +139,9 @@ class Cluster:
             [[g for g in gs if fleet.gpu_memory_bytes[g] >= self.residency.share[m]] for gs in self.node_gpus]
             for m in range(len(models))
         ]
-        self.eligible_sets = [[set(gs) for gs in nodes] for nodes in self.eligible]  # the same, for membership
+        self.eligible_sets = [
+            [set(gs) for gs in nodes] for nodes in self.eligible
+        ]  # the same, for membership
         self._initial(model_index)
 
     def _initial(self, model_index: dict[str, int]) -> None:

@@ -116,7 +116,9 @@ def parse_workflow(wid: str, doc: Any, models: dict[str, ModelSpec], field: str)
         for end, name in (("from", src), ("to", dst)):
             if name not in index:
                 # The original dropped the step silently here; refusing names the workflow and the edge.
-                raise refuse(f"{ef}.{end}", f"edge {src!r} -> {dst!r} of workflow {wid!r} names no node {name!r}")
+                raise refuse(
+                    f"{ef}.{end}", f"edge {src!r} -> {dst!r} of workflow {wid!r} names no node {name!r}"
+                )
         if src == dst:
             raise refuse(ef, f"edge {src!r} -> {dst!r} of workflow {wid!r} is a self-loop")
         if index[src] not in parents[index[dst]]:
@@ -141,7 +143,9 @@ def parse_config(doc: Any, field: str = "config") -> Config:
     raw_wfs = mapping(c.get("workflows"), f"{field}.workflows")
     if not raw_wfs:
         raise refuse(f"{field}.workflows", "at least one workflow is needed")
-    workflows = {wid: parse_workflow(wid, w, models, f"{field}.workflows.{wid}") for wid, w in raw_wfs.items()}
+    workflows = {
+        wid: parse_workflow(wid, w, models, f"{field}.workflows.{wid}") for wid, w in raw_wfs.items()
+    }
     return Config(models=models, workflows=workflows)
 
 

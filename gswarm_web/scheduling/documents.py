@@ -64,7 +64,9 @@ class _Scalars:
             raise _Refused(f"the tag {tag} is not allowed", ev)
         if self.json_values and tag == _YAML + "timestamp":
             return ev.value
-        value = self.loader.yaml_constructors[tag](self.loader, yaml.ScalarNode(tag, ev.value, style=ev.style or None))
+        value = self.loader.yaml_constructors[tag](
+            self.loader, yaml.ScalarNode(tag, ev.value, style=ev.style or None)
+        )
         if self.json_values and isinstance(value, float) and not math.isfinite(value):
             raise _Refused(f"{ev.value!r} is not a finite number", ev)
         return value

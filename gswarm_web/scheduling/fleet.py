@@ -132,7 +132,9 @@ class Fleet:
         for name in sorted(used):
             m = config.models[name]
             share = m.memory_gb * GB / m.gpus_required
-            best = max((sum(1 for g in gs if self.gpu_memory_bytes[g] >= share) for gs in per_node), default=0)
+            best = max(
+                (sum(1 for g in gs if self.gpu_memory_bytes[g] >= share) for gs in per_node), default=0
+            )
             if best < m.gpus_required:
                 raise refuse(
                     f"config.models.{name}.gpus_required",
@@ -183,7 +185,9 @@ def _weights(doc: Any, fleet: Fleet, field: str) -> None:
         for i, loc in enumerate(sequence(entry, mf)):
             dev = Device.parse(text(loc, f"{mf}[{i}]"), f"{mf}[{i}]")
             if dev.node not in index or dev.tier == "cpu" or dev.index is not None:
-                raise refuse(f"{mf}[{i}]", f"{loc!r} is not a disk, dram or gpuN of a node in this fleet", loc)
+                raise refuse(
+                    f"{mf}[{i}]", f"{loc!r} is not a disk, dram or gpuN of a node in this fleet", loc
+                )
             n = index[dev.node]
             if dev.is_gpu:
                 gi = dev.gpu_index or 0
@@ -205,9 +209,13 @@ def parse_fleet(doc: Any, field: str = "fleet") -> Fleet:
     if not nodes:
         raise refuse(f"{field}.nodes", "a fleet needs at least one node")
     fleet = Fleet()
-    fleet.hub_bytes_per_s = number(f.get("hub_gb_per_s"), f"{field}.hub_gb_per_s", positive=True, default=0.5) * GB
+    fleet.hub_bytes_per_s = (
+        number(f.get("hub_gb_per_s"), f"{field}.hub_gb_per_s", positive=True, default=0.5) * GB
+    )
     fleet.capacity = choice(f.get("capacity"), f"{field}.capacity", CAPACITY_RULES, default="one_model")
-    fleet.load_overhead_seconds = number(f.get("load_overhead_seconds"), f"{field}.load_overhead_seconds", default=0)
+    fleet.load_overhead_seconds = number(
+        f.get("load_overhead_seconds"), f"{field}.load_overhead_seconds", default=0
+    )
     for i, raw in enumerate(nodes):
         nf = f"{field}.nodes[{i}]"
         node = mapping(raw, nf)

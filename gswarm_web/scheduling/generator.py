@@ -78,7 +78,9 @@ def bench_config() -> dict[str, Any]:
             [("prompt", "llama_8b"), ("v1", "sd15"), ("v2", "sd15"), ("hq", "sdxl"), ("embed", "clip")],
             [("prompt", "v1"), ("prompt", "v2"), ("prompt", "hq"), ("prompt", "embed")],
         ),
-        "deep_analysis": _wf("2-GPU", [("analyse", "coder_13b"), ("explain", "llama_8b")], [("analyse", "explain")]),
+        "deep_analysis": _wf(
+            "2-GPU", [("analyse", "coder_13b"), ("explain", "llama_8b")], [("analyse", "explain")]
+        ),
         "rag": _wf(
             "short chain",
             [("embed", "clip"), ("rerank", "reranker"), ("answer", "qwen_7b")],
@@ -148,7 +150,9 @@ def generate(
                 "workflow_id": wid,
                 "input_data": {"user_prompt": f"request {i}"},
                 "node_configs": {},
-                "node_execution_times": {n["id"]: _draw_seconds(config["models"][n["model"]], rng) for n in nodes},
+                "node_execution_times": {
+                    n["id"]: _draw_seconds(config["models"][n["model"]], rng) for n in nodes
+                },
             }
         )
     return {"requests": out}

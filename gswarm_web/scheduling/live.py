@@ -37,11 +37,14 @@ def _node(doc: Any, field: str) -> dict[str, Any]:
     gpus = []
     for i, g in enumerate(sequence(n.get("gpus") or [], f"{field}.gpus")):
         index = mapping(g, f"{field}.gpus[{i}]").get("index", i)
-        gpus.append(_gpu(g, Device.parse(f"{name}:gpu{index}", f"{field}.gpus[{i}].index"), f"{field}.gpus[{i}]"))
+        gpus.append(
+            _gpu(g, Device.parse(f"{name}:gpu{index}", f"{field}.gpus[{i}].index"), f"{field}.gpus[{i}]")
+        )
     given = mapping(n.get("bandwidths") or {}, f"{field}.bandwidths")
     defaults = {k: DEFAULT_GB_PER_S[f"{short}_gb_per_s"] * GB for k, short in BANDWIDTH_KEYS.items()}
     bandwidths = {
-        k: number(given.get(k), f"{field}.bandwidths.{k}", positive=True, default=v) for k, v in defaults.items()
+        k: number(given.get(k), f"{field}.bandwidths.{k}", positive=True, default=v)
+        for k, v in defaults.items()
     }
     return {
         "name": name,
@@ -49,7 +52,9 @@ def _node(doc: Any, field: str) -> dict[str, Any]:
         "schedulable": status in SCHEDULABLE and bool(gpus),
         "gpus": gpus,
         "dram_total_bytes": number(n.get("dram_total_bytes"), f"{field}.dram_total_bytes", default=0.0),
-        "dram_available_bytes": number(n.get("dram_available_bytes"), f"{field}.dram_available_bytes", default=0.0),
+        "dram_available_bytes": number(
+            n.get("dram_available_bytes"), f"{field}.dram_available_bytes", default=0.0
+        ),
         "bandwidths": bandwidths,
     }
 
@@ -78,7 +83,10 @@ def fleet_view(nodes: list[dict[str, Any]], models: list[dict[str, Any]]) -> dic
                 where["gpu"].append(str(dev))
             elif dev.tier in ("dram", "disk") and dev.node is not None:
                 where[dev.tier].append(dev.node)
-        view_models[name] = {"size_bytes": number(m.get("size_bytes"), f"{mf}.size_bytes", positive=True), **where}
+        view_models[name] = {
+            "size_bytes": number(m.get("size_bytes"), f"{mf}.size_bytes", positive=True),
+            **where,
+        }
     usable = [n for n in view_nodes if n["schedulable"]]
     return {
         "nodes": view_nodes,

@@ -33,7 +33,9 @@ def gantt(docs: list[tuple[str, dict[str, Any]]], path: str | Path, until: float
     return len(docs)
 
 
-def _panel(ax: Any, title: str, doc: dict[str, Any], colour: dict[str, Any], gpus: int, until: float | None) -> None:
+def _panel(
+    ax: Any, title: str, doc: dict[str, Any], colour: dict[str, Any], gpus: int, until: float | None
+) -> None:
     runs: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
     loads: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for e in doc["executions"]:
@@ -47,7 +49,9 @@ def _panel(ax: Any, title: str, doc: dict[str, Any], colour: dict[str, Any], gpu
     for (g, model), spans in runs.items():
         ax.broken_barh(spans, (g - 0.4, 0.8), facecolors=colour[model], edgecolor="white", linewidth=0.3)
     for g, spans in loads.items():
-        ax.broken_barh(spans, (g - 0.4, 0.8), facecolors="white", edgecolor="black", hatch="////", linewidth=0.3)
+        ax.broken_barh(
+            spans, (g - 0.4, 0.8), facecolors="white", edgecolor="black", hatch="////", linewidth=0.3
+        )
     s = doc.get("summary", {})
     ax.set_title(
         f"{title}: makespan {s.get('makespan', 0):.0f} s, {s.get('model_loads', 0)} loads, "

@@ -90,7 +90,9 @@ def _lost(c: dict[str, Any], best: dict[str, Any], load: Load) -> str:
     return "an equal candidate ahead of it"
 
 
-def _gpu_candidates(view: dict[str, Any], model: dict[str, Any] | None, need: float, load: Load) -> list[dict]:
+def _gpu_candidates(
+    view: dict[str, Any], model: dict[str, Any] | None, need: float, load: Load
+) -> list[dict]:
     size = (model or {}).get("size_bytes") or 0.0
     out = []
     for node in view["nodes"]:
@@ -117,7 +119,9 @@ def _gpu_candidates(view: dict[str, Any], model: dict[str, Any] | None, need: fl
     return out
 
 
-def _host_candidates(view: dict[str, Any], model: dict[str, Any] | None, tier: str | None, load: Load) -> list[dict]:
+def _host_candidates(
+    view: dict[str, Any], model: dict[str, Any] | None, tier: str | None, load: Load
+) -> list[dict]:
     """The CPU (tier None) or a file tier of every node."""
     size = (model or {}).get("size_bytes") or 0.0
     out = []
@@ -180,17 +184,30 @@ def decide(
     }
 
 
-def _refuse(view: dict[str, Any], model: str | None, action: str, kind: str | None, need: float, cands: list) -> None:
-    gpus = [(g["memory_free_bytes"], g["device"]) for n in view["nodes"] if n["status"] == "healthy" for g in n["gpus"]]
+def _refuse(
+    view: dict[str, Any], model: str | None, action: str, kind: str | None, need: float, cands: list
+) -> None:
+    gpus = [
+        (g["memory_free_bytes"], g["device"])
+        for n in view["nodes"]
+        if n["status"] == "healthy"
+        for g in n["gpus"]
+    ]
     details: dict[str, Any] = {"model": model, "action": action, "candidates": cands}
     if need and (kind in (None, "gpu")) and action != "store":
         largest = max(gpus, default=(0.0, None))
-        details.update(need_bytes=int(need), largest_free_bytes=int(largest[0]), largest_free_device=largest[1])
+        details.update(
+            need_bytes=int(need), largest_free_bytes=int(largest[0]), largest_free_device=largest[1]
+        )
         where = (
-            f"the largest free GPU is {largest[1]} with {_gib(largest[0])}" if largest[1] else "the fleet has no GPU"
+            f"the largest free GPU is {largest[1]} with {_gib(largest[0])}"
+            if largest[1]
+            else "the fleet has no GPU"
         )
         raise ResourceUnavailable(f"{model} needs {_gib(need)} of GPU memory; {where}", details)
-    what = {"gpu": "a GPU", "cpu": "a CPU", "dram": "a dram tier", "disk": "a disk"}.get(kind or "", "a device")
+    what = {"gpu": "a GPU", "cpu": "a CPU", "dram": "a dram tier", "disk": "a disk"}.get(
+        kind or "", "a device"
+    )
     if action != "store" and kind in (None, "gpu") and not gpus:
         what = "a GPU (the fleet has none)"
     raise ResourceUnavailable(f"no healthy node offers {what} for {model or 'this operation'}", details)

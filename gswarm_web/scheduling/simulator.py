@@ -123,7 +123,9 @@ class Simulation:
         return runs
 
 
-def document(workload: Workload, fleet: Fleet, runs: list[Execution], policy: str, mode: str) -> dict[str, Any]:
+def document(
+    workload: Workload, fleet: Fleet, runs: list[Execution], policy: str, mode: str
+) -> dict[str, Any]:
     """The OUT.json document: executions in start order and the summary recomputed from them."""
     w = workload
     executions = [

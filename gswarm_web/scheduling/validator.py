@@ -66,7 +66,11 @@ class _Check:
             if not bad:
                 nums = ("gpu_id", "start_time", "end_time", "switch_time")
                 bad = [f for f in nums if not _is_number(e[f])]
-                if not isinstance(e["gpus"], list) or not all(isinstance(g, int) for g in e["gpus"]) or not e["gpus"]:
+                if (
+                    not isinstance(e["gpus"], list)
+                    or not all(isinstance(g, int) for g in e["gpus"])
+                    or not e["gpus"]
+                ):
                     bad.append("gpus")
             if bad:
                 self.add("format", f"executions[{i}] lacks or mistypes {', '.join(bad)}")
@@ -100,15 +104,22 @@ class _Check:
         if e["model_name"] != model.name:
             self.add("model", f"{self.name(s)} ran {e['model_name']!r}, its node uses {model.name!r}")
         if not _close(e["end_time"] - e["start_time"], w.seconds[s]):
-            self.add("duration", f"{self.name(s)} ran {e['end_time'] - e['start_time']:g}s, needs {w.seconds[s]:g}s")
+            self.add(
+                "duration",
+                f"{self.name(s)} ran {e['end_time'] - e['start_time']:g}s, needs {w.seconds[s]:g}s",
+            )
         if e["switch_time"] < 0 or e["start_time"] - e["switch_time"] < -EPS:
             self.add("times", f"{self.name(s)} has a negative switch_time or starts loading before 0")
         gpus = e["gpus"]
         if len(set(gpus)) != len(gpus) or any(not 0 <= g < fleet.gpus for g in gpus):
-            self.add("gpus", f"{self.name(s)} holds GPUs {gpus}: repeated or not in the fleet of {fleet.gpus}")
+            self.add(
+                "gpus", f"{self.name(s)} holds GPUs {gpus}: repeated or not in the fleet of {fleet.gpus}"
+            )
             return
         if len(gpus) != model.gpus_required:
-            self.add("gpus", f"{self.name(s)} holds {len(gpus)} GPUs, {model.name} needs {model.gpus_required}")
+            self.add(
+                "gpus", f"{self.name(s)} holds {len(gpus)} GPUs, {model.name} needs {model.gpus_required}"
+            )
         if len({fleet.gpu_node[g] for g in gpus}) > 1:
             self.add("gpus", f"{self.name(s)} spans nodes with GPUs {gpus}")
         if e["gpu_id"] != gpus[0]:
@@ -145,7 +156,10 @@ class _Check:
             spans.sort()
             for (_, end, a), (begin, _, b) in zip(spans, spans[1:], strict=False):
                 if begin < end - EPS:
-                    self.add("overlap", f"GPU {g} runs {self.name(a)} until {end:g} and {self.name(b)} from {begin:g}")
+                    self.add(
+                        "overlap",
+                        f"GPU {g} runs {self.name(a)} until {end:g} and {self.name(b)} from {begin:g}",
+                    )
 
     def switches(self) -> None:
         """No free switch, loads from tiers that could hold the weights then, and memory within capacity."""
@@ -153,7 +167,9 @@ class _Check:
         residency = Residency(fleet, w.models)
         reached = Reach(fleet, w)
         seed_residency(fleet, w.models, w.model_index, residency)
-        runs = sorted(self.runs.items(), key=lambda x: (x[1]["start_time"] - x[1]["switch_time"], x[1]["start_time"]))
+        runs = sorted(
+            self.runs.items(), key=lambda x: (x[1]["start_time"] - x[1]["switch_time"], x[1]["start_time"])
+        )
         for s, e in runs:
             gpus = tuple(sorted(e["gpus"]))
             if any(not 0 <= g < fleet.gpus for g in gpus) or len(set(gpus)) != len(gpus):
@@ -168,7 +184,9 @@ class _Check:
                         f"{fleet.gpu_memory_bytes[g] / 1e9:g} GB",
                     )
             if tier not in (*TIERS, "config"):
-                self.add("format", f"{self.name(s)} loaded_from {tier!r} is not one of {', '.join(TIERS)}, config")
+                self.add(
+                    "format", f"{self.name(s)} loaded_from {tier!r} is not one of {', '.join(TIERS)}, config"
+                )
             elif residency.warm(m, gpus) and tier == "gpu":
                 if e["switch_time"] > EPS:
                     self.add("switch", f"{self.name(s)} is warm but reports {e['switch_time']:g}s of loading")
@@ -210,7 +228,11 @@ class _Check:
             elif key in ("policy", "mode"):
                 ok = got == value and isinstance(got, str)
             else:
-                ok = isinstance(got, int | float) and not isinstance(got, bool) and _close(float(got), float(value))
+                ok = (
+                    isinstance(got, int | float)
+                    and not isinstance(got, bool)
+                    and _close(float(got), float(value))
+                )
             if not ok:
                 self.add("summary", f"{key} is {got!r}, the executions give {value!r}")
 

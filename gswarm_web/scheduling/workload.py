@@ -49,9 +49,13 @@ def _seconds(req: dict[str, Any], config: Config, wid: str, field: str) -> tuple
         if nid in given:
             out.append(number(given[nid], nf))
             continue
-        derived = config.models[model].derived_seconds(mapping(node_configs.get(nid) or {}, f"{field}.node_configs"))
+        derived = config.models[model].derived_seconds(
+            mapping(node_configs.get(nid) or {}, f"{field}.node_configs")
+        )
         if derived is None:
-            raise refuse(nf, f"missing, and model {model!r} has neither tokens_per_second nor inference_time_mean")
+            raise refuse(
+                nf, f"missing, and model {model!r} has neither tokens_per_second nor inference_time_mean"
+            )
         out.append(derived)
     return tuple(out)
 

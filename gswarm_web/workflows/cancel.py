@@ -25,7 +25,9 @@ LIVE = ("pending", "queued", "running")
 def _revoke(task_ids: list[str]) -> None:
     if task_ids:
         try:
-            sender().control.revoke([*task_ids, *_messages_running(task_ids)], terminate=True, signal="SIGTERM")
+            sender().control.revoke(
+                [*task_ids, *_messages_running(task_ids)], terminate=True, signal="SIGTERM"
+            )
         except Exception as exc:  # the Redis mark still stops them
             log.warning("revoke of %d step(s) failed: %s", len(task_ids), exc)
 
@@ -40,14 +42,20 @@ def _messages_running(task_ids: list[str]) -> list[str]:
         return []
     wanted = set(task_ids)
     runs = client.mget([names.inline_step_key(o) for o in outers])
-    return [o for o, run in zip(outers, runs, strict=True) if run and json.loads(run).get("task_id") in wanted]
+    return [
+        o for o, run in zip(outers, runs, strict=True) if run and json.loads(run).get("task_id") in wanted
+    ]
 
 
-def cancel_workflow(run: WorkflowRun, steps: dict[str, TaskRecord] | None = None, reason: str = "cancelled") -> None:
+def cancel_workflow(
+    run: WorkflowRun, steps: dict[str, TaskRecord] | None = None, reason: str = "cancelled"
+) -> None:
     """Cancel every step that has not ended (the caller commits)."""
     redis_client().set(names.cancel_workflow_key(run.id), reason, ex=names.KEEP_S)
     if steps is None:
-        steps = {s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id))}
+        steps = {
+            s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id))
+        }
     running = []
     for s in steps.values():
         if s.state in LIVE:
@@ -79,7 +87,9 @@ def cancel_step(rec: TaskRecord) -> None:
         service_state.serve_step_ended(rec, sent)
     sends = []
     if run is not None:
-        steps = {s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id))}
+        steps = {
+            s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id))
+        }
         sends = advance(run, steps)
     db.session.commit()
     send_recorded()

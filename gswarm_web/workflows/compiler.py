@@ -34,7 +34,9 @@ def segments(wf: Workflow) -> list[list[Action]]:
 
 # The field that says where a step runs, per action type.
 STEP_DEVICE = {
-    **dict.fromkeys(("download", "move", "copy", "data_create", "data_move", "data_transfer"), "target_device"),
+    **dict.fromkeys(
+        ("download", "move", "copy", "data_create", "data_move", "data_transfer"), "target_device"
+    ),
     **dict.fromkeys(("serve", "stop_serve", "delete"), "device"),
     **dict.fromkeys(("inference", "data_merge"), "output_device"),
 }

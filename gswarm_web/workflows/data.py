@@ -44,7 +44,9 @@ def prepare_data(run: WorkflowRun, wf: Workflow) -> dict[str, dict[str, Any]]:
                 try:
                     raw = base64.b64decode(str(p["data"]), validate=True)
                 except (binascii.Error, ValueError) as exc:
-                    raise InvalidRequest(f"{where}.data: not valid base64", {"field": f"{where}.data"}) from exc
+                    raise InvalidRequest(
+                        f"{where}.data: not valid base64", {"field": f"{where}.data"}
+                    ) from exc
                 if len(raw) > s.data_max_inline:
                     raise InvalidRequest(
                         f"{where}.data: more than {s.data_max_inline} bytes; use `source`",
@@ -52,7 +54,9 @@ def prepare_data(run: WorkflowRun, wf: Workflow) -> dict[str, dict[str, Any]]:
                     )
         # A chunk named by id (a reference was parsed into a `Ref` at the edge).
         literal = [(f"{where}.{key}", p[key]) for key in CHUNK_FIELDS if isinstance(p.get(key), str)]
-        literal += [(f"{where}.inputs[{i}]", c) for i, c in enumerate(p.get("inputs") or []) if isinstance(c, str)]
+        literal += [
+            (f"{where}.inputs[{i}]", c) for i, c in enumerate(p.get("inputs") or []) if isinstance(c, str)
+        ]
         chunks: dict[str, list[dict[str, Any]]] = {}
         for field, cid in literal:
             chunk = db.session.get(DataChunk, cid) if len(cid) <= 36 else None
@@ -68,7 +72,9 @@ def prepare_data(run: WorkflowRun, wf: Workflow) -> dict[str, dict[str, Any]]:
         if chunks:
             extra["chunks"] = chunks
         if a.type == "inference" and not p.get("service_url") and not p.get("service"):
-            extra["params"] = {"service_url": _service_for(a.id, str(p["model_name"]), serves.get(a.id), where)}
+            extra["params"] = {
+                "service_url": _service_for(a.id, str(p["model_name"]), serves.get(a.id), where)
+            }
         if extra:
             out[a.id] = extra
     return out

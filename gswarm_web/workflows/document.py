@@ -84,7 +84,9 @@ class Action:
     retry_backoff: float = 1.0
     timeout_s: float | None = None
     node: str | None = None
-    holds: tuple[Device, ...] = ()  # devices it needs exclusively: `exclusive`, and a GPU it loads onto or serves on
+    holds: tuple[
+        Device, ...
+    ] = ()  # devices it needs exclusively: `exclusive`, and a GPU it loads onto or serves on
     ref_sites: tuple[tuple[str, Ref], ...] = ()  # (field path, reference) for every `${...}` in its fields
 
     def device(self, key: str) -> Target | None:
@@ -113,12 +115,16 @@ class Action:
     def refs(self) -> list[tuple[str, str, str]]:
         return [(path, r.step, r.field) for path, r in self.ref_sites]
 
-    def with_fields(self, changed: Mapping[str, Any] | None = None, ref: tuple[str, Ref] | None = None) -> Action:
+    def with_fields(
+        self, changed: Mapping[str, Any] | None = None, ref: tuple[str, Ref] | None = None
+    ) -> Action:
         """The same action with some fields replaced (and a reference site added); a GPU it now targets is held."""
         fields = {**self.fields, **(changed or {})}
         holds = set(self.holds)
         if self.type in ("download", "move", "copy", "serve"):
-            holds |= {d for k in ("target_device", "device") if isinstance(d := fields.get(k), Device) and d.is_gpu}
+            holds |= {
+                d for k in ("target_device", "device") if isinstance(d := fields.get(k), Device) and d.is_gpu
+            }
         sites = self.ref_sites + ((ref,) if ref is not None else ())
         return dataclasses.replace(self, fields=fields, holds=tuple(sorted(holds)), ref_sites=sites)
 

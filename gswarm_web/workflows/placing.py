@@ -42,7 +42,9 @@ class Placer:
         self.models = {m.name: m for m in db.session.scalars(db.select(Model))}
         self.trail: dict[str, dict[str, list[Device]]] = {}  # action -> model -> devices it left the model on
         self.left: dict[tuple[str, bool | None], int] = {}  # (model, on a GPU or not, or either) -> actions
-        self.held: dict[tuple[str, str], dict[str, int]] = {}  # (model, tier) -> node -> actions that left it there
+        self.held: dict[
+            tuple[str, str], dict[str, int]
+        ] = {}  # (model, tier) -> node -> actions that left it there
         self.decisions: dict[str, dict[str, Any]] = {}
         self.placed: dict[str, Action] = {}  # the actions with their devices chosen
 
@@ -80,7 +82,9 @@ class Placer:
         ]
         return _at(sorted(locs, key=lambda loc: (loc.tier != "dram", loc.device))[0]) if locs else None
 
-    def choose(self, a: Action, key: str, model: Model | None, action: str, target: Auto, **kw: Any) -> Device:
+    def choose(
+        self, a: Action, key: str, model: Model | None, action: str, target: Auto, **kw: Any
+    ) -> Device:
         try:
             decision = choose(model, action, target, self.load, self.view, **kw)
         except GswarmError as exc:
@@ -88,7 +92,9 @@ class Placer:
             raise type(exc)(f"{where}: {exc.message}", {**exc.details, "field": where}) from None
         device = Device.parse(str(decision["chosen"]))  # the one device placement's answer names
         if action in ("serve", "load") and device.is_gpu:
-            self.load.reserved_bytes[str(device)] = self.load.reserved_bytes.get(str(device), 0.0) + need_bytes(model)
+            self.load.reserved_bytes[str(device)] = self.load.reserved_bytes.get(
+                str(device), 0.0
+            ) + need_bytes(model)
         self.decisions.setdefault(a.id, {})[key] = decision
         return device
 
@@ -187,7 +193,9 @@ class Placer:
         nodes = {node for node, bits in self.held.get((name, tier), {}).items() if bits & self.anc}
         model = self.models.get(name)
         return nodes | {
-            loc.node for loc in (model.locations if model else []) if loc.status == "ready" and loc.tier == tier
+            loc.node
+            for loc in (model.locations if model else [])
+            if loc.status == "ready" and loc.tier == tier
         }
 
 

@@ -22,11 +22,23 @@ ONE_OF: dict[str, list[tuple[str, tuple[str, ...], str]]] = {
     "stop_serve": [("device", ("device", "service_id"), "required (or service_id) for a stop_serve action")],
     "data_create": [("source", ("source", "data"), "required (or data) for a data_create action")],
     "data_transfer": [
-        ("target_device", ("target_device", "target_node"), "required (or target_node) for a data_transfer action")
+        (
+            "target_device",
+            ("target_device", "target_node"),
+            "required (or target_node) for a data_transfer action",
+        )
     ],
     "inference": [
-        ("input_data", ("input_data", "input_data_id", "input"), "required (input_data, input_data_id or input)"),
-        ("service_url", ("service_url", "service", "model_name"), "required (service_url, service or model_name)"),
+        (
+            "input_data",
+            ("input_data", "input_data_id", "input"),
+            "required (input_data, input_data_id or input)",
+        ),
+        (
+            "service_url",
+            ("service_url", "service", "model_name"),
+            "required (service_url, service or model_name)",
+        ),
     ],
 }
 # Required besides the device fields placement fills when they are left out (`AUTO_DEFAULTS`).
@@ -44,7 +56,9 @@ def _given(p: dict[str, Any], key: str) -> bool:
 
 def rules(atype: str, p: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """(field, problem) for each rule of `atype` that the loaded fields `p` break."""
-    for key in ("model_name",) * (atype in MODEL_ACTIONS) + AUTO_DEFAULTS.get(atype, ()) + NEEDS.get(atype, ()):
+    for key in (
+        ("model_name",) * (atype in MODEL_ACTIONS) + AUTO_DEFAULTS.get(atype, ()) + NEEDS.get(atype, ())
+    ):
         if not _given(p, key):
             yield key, f"required for a {atype} action"
     for key, alternatives, message in ONE_OF.get(atype, ()):

@@ -104,7 +104,9 @@ class Target(_Checked):
         try:
             if is_auto(value):
                 if not self.auto:
-                    raise ma.ValidationError("placement does not choose this device: name one (<node>:<tier>)")
+                    raise ma.ValidationError(
+                        "placement does not choose this device: name one (<node>:<tier>)"
+                    )
                 return parse_target(value, name)
             dev = Device.parse(value, field=name)
         except GswarmError as exc:
@@ -258,7 +260,13 @@ class ActionSchema(ma.Schema):
             node = target_node
         for key in DEVICE_FIELDS:  # a bare tier (`gpu0`) is on the action's node
             value = raw.get(key)
-            if isinstance(value, str) and value and ":" not in value and "${" not in value and not is_auto(value):
+            if (
+                isinstance(value, str)
+                and value
+                and ":" not in value
+                and "${" not in value
+                and not is_auto(value)
+            ):
                 raw[key] = f"{node}:{value}" if node is not None else value
         for key in AUTO_DEFAULTS.get(self.atype, ()):
             if raw.get(key) is None:
@@ -315,7 +323,9 @@ def flatten(where: str, messages: Any) -> Iterator[tuple[str, str]]:
     """marshmallow's nested messages as (`actions[a].field.key[0]`, message), in the order they were found."""
     if isinstance(messages, dict):
         for key, value in messages.items():
-            sub = where if key == "_schema" else f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}"
+            sub = (
+                where if key == "_schema" else f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}"
+            )
             sub = sub.removeprefix(".")
             yield from flatten(sub, value)
     elif isinstance(messages, list):
@@ -349,7 +359,9 @@ def parse_action(errors: Errors, i: int, raw: Any, task_timeout_s: float) -> tup
     where = f"actions[{aid}]"
     atype = raw.get("action_type")
     if atype not in FIELDS:
-        errors.add(f"{where}.action_type", f"unknown action type {atype!r} (one of: {', '.join(sorted(FIELDS))})")
+        errors.add(
+            f"{where}.action_type", f"unknown action type {atype!r} (one of: {', '.join(sorted(FIELDS))})"
+        )
         return aid, None
     try:
         data = _schema(atype, task_timeout_s).load(raw)

@@ -17,7 +17,10 @@ def _seconds(v: Any) -> bool:
 
 SERVICE_OWN: dict[str, tuple[Callable[[Any], bool], str]] = {
     "timeout": (_seconds, "seconds a replica has to answer, more than 0 and at most 3600"),
-    "load_balancing": (lambda v: v in ("least_requests", "round_robin"), "one of least_requests, round_robin"),
+    "load_balancing": (
+        lambda v: v in ("least_requests", "round_robin"),
+        "one of least_requests, round_robin",
+    ),
 }
 
 

@@ -45,7 +45,9 @@ class Shapes:
     def __init__(self) -> None:
         self.seen: dict[str, Action] = {}
 
-    def parse(self, errors: Errors, i: int, raw: Any, task_timeout_s: float) -> tuple[str | None, Action | None]:
+    def parse(
+        self, errors: Errors, i: int, raw: Any, task_timeout_s: float
+    ) -> tuple[str | None, Action | None]:
         """`schemas.parse_action`'s answer, from a kept action of the same shape where there is one."""
         key = _shape(raw) if isinstance(raw, dict) else None
         if key is not None and key in self.seen:

@@ -28,9 +28,15 @@ class QueueConfigSchema(ma.Schema):
     error_messages = {"unknown": "unknown field"}
     max_concurrent_tasks = Number(1, 100_000, integer=True)
     # The original's switches: always on here.
-    enable_resource_tracking = Choice((True,), "always on: a step that loads onto or serves on a GPU holds it (leases)")
-    resource_tracking = Choice((True,), "always on: a step that loads onto or serves on a GPU holds it (leases)")
-    priority_levels = Choice((list(names.PRIORITY_NAMES),), f"the levels are fixed: {', '.join(names.PRIORITY_NAMES)}")
+    enable_resource_tracking = Choice(
+        (True,), "always on: a step that loads onto or serves on a GPU holds it (leases)"
+    )
+    resource_tracking = Choice(
+        (True,), "always on: a step that loads onto or serves on a GPU holds it (leases)"
+    )
+    priority_levels = Choice(
+        (list(names.PRIORITY_NAMES),), f"the levels are fixed: {', '.join(names.PRIORITY_NAMES)}"
+    )
 
 
 class WorkflowSchema(ma.Schema):
@@ -39,7 +45,9 @@ class WorkflowSchema(ma.Schema):
     error_messages = {"unknown": "unknown top-level field"}
     name = Text(200, required=True)
     description = ma.fields.Raw(allow_none=True)
-    queue_config = ma.fields.Nested(QueueConfigSchema, allow_none=True, error_messages={"type": "must be a mapping"})
+    queue_config = ma.fields.Nested(
+        QueueConfigSchema, allow_none=True, error_messages={"type": "must be a mapping"}
+    )
     actions = ma.fields.Raw(allow_none=True)
     fail_fast = ma.fields.Raw(allow_none=True)
     version = ma.fields.Raw(allow_none=True)
@@ -52,9 +60,13 @@ def load_document(text: str | bytes) -> dict[str, Any]:
     """YAML or JSON (JSON is YAML) into a mapping, at most MAX_DOCUMENT_BYTES, without aliases or anchors and
     nested at most MAX_DEPTH deep; anything else is INVALID_REQUEST."""
     if len(text) > MAX_DOCUMENT_BYTES:
-        raise InvalidRequest(f"document: larger than {MAX_DOCUMENT_BYTES // (1024 * 1024)} MiB", {"field": "document"})
+        raise InvalidRequest(
+            f"document: larger than {MAX_DOCUMENT_BYTES // (1024 * 1024)} MiB", {"field": "document"}
+        )
     try:
-        doc = parse_yaml(text, json_values=True)  # libyaml's events, without recursion (scheduling reads its files so)
+        doc = parse_yaml(
+            text, json_values=True
+        )  # libyaml's events, without recursion (scheduling reads its files so)
     except ValueError as exc:
         raise InvalidRequest(f"document: {exc}", {"field": "document"}) from None
     except yaml.YAMLError as exc:
@@ -224,7 +236,9 @@ def validate(doc: Mapping[str, Any], task_timeout_s: float = 3600) -> Workflow:
     if cycle:
         errors.add(f"actions[{cycle[0]}].dependencies", f"dependency cycle: {' -> '.join(cycle)}")
     else:
-        actions.update(node_hosts(errors, actions))  # `http://node1:8080` where a serve starts one: a reference
+        actions.update(
+            node_hosts(errors, actions)
+        )  # `http://node1:8080` where a serve starts one: a reference
         _check_refs(errors, actions, order, refused)
         check_url_fields(errors, actions)
     errors.raise_if_any()

@@ -71,7 +71,8 @@ def apply(s: TaskRecord, r: Report) -> bool:
 def _apply_workflow(run: WorkflowRun, reports: list[Report]) -> Sends:
     # Only the reporting steps are loaded; the whole workflow only when something may change beyond them.
     touched = {
-        s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.id.in_({r.id for r in reports})))
+        s.id: s
+        for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.id.in_({r.id for r in reports})))
     }
     failed = full = ended = False
     limit = bool((run.queue_config or {}).get("max_concurrent_tasks"))
@@ -99,7 +100,9 @@ def _apply_workflow(run: WorkflowRun, reports: list[Report]) -> Sends:
     if not full:
         return []
     db.session.flush()
-    steps = {s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id))}
+    steps = {
+        s.id: s for s in db.session.scalars(db.select(TaskRecord).where(TaskRecord.workflow_id == run.id))
+    }
     return advance(run, steps)
 
 

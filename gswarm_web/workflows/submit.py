@@ -86,7 +86,9 @@ def plan(doc: dict[str, Any]) -> Plan:
         data_extra.setdefault(aid, {})["placement"] = decisions
     rows = _step_rows(run, wf, nodes, data_extra)
     views = {r["id"]: _RowView(r) for r in rows}
-    sends = advance(run, views)  # decides the first chains before the rows are written: one insert, no updates
+    sends = advance(
+        run, views
+    )  # decides the first chains before the rows are written: one insert, no updates
     for r in rows:
         r["state"] = views[r["id"]].state
     _insert_steps(rows)
@@ -207,7 +209,8 @@ def _register_models(wf: Workflow) -> None:
             known.add(name)
         elif name not in downloaded:
             raise InvalidRequest(
-                f"actions[{a.id}].model_name: {name} is not registered", {"field": f"actions[{a.id}].model_name"}
+                f"actions[{a.id}].model_name: {name} is not registered",
+                {"field": f"actions[{a.id}].model_name"},
             )
     db.session.flush()
 
@@ -228,7 +231,13 @@ def _service_row(model: Model, dev: Device, params: dict[str, Any]) -> str:
     replica's id, which is the id the node runs it under."""
     config = {**(params.get("config") or {}), **(params.get("service_config") or {})}
     svc = service_state.create(
-        model, str(dev), 1, params.get("port"), str(config.get("backend", "builtin")), config=config, status="pending"
+        model,
+        str(dev),
+        1,
+        params.get("port"),
+        str(config.get("backend", "builtin")),
+        config=config,
+        status="pending",
     )
     return service_state.add_replica(svc, dev, status="pending").id
 

@@ -36,7 +36,9 @@ def _check_template(errors: Errors, actions: dict[str, Action], where: str, key:
         errors.check(where, lambda: parse_url("http://service" + rest, key))
     b = actions.get(step)
     if b is not None and b.type != "serve":
-        errors.add(where, f"`${{{step}.service_url}}`: {step} is a {b.type} action; a URL can only come from a serve")
+        errors.add(
+            where, f"`${{{step}.service_url}}`: {step} is a {b.type} action; a URL can only come from a serve"
+        )
 
 
 def _check_literal(errors: Errors, where: str, key: str, value: str) -> None:
@@ -80,7 +82,9 @@ def node_hosts(errors: Errors, actions: dict[str, Action]) -> dict[str, Action]:
                                   f"with ${{{found[0].id}.service_url}}")  # fmt: skip
             elif found:
                 ref = Ref(found[0].id, "service_url", f"{found[0].id}.service_url")
-                a = changed[a.id] = a.with_fields({key: f"{ref}{_path(url)}"}, (f"actions[{a.id}].{key}", ref))
+                a = changed[a.id] = a.with_fields(
+                    {key: f"{ref}{_path(url)}"}, (f"actions[{a.id}].{key}", ref)
+                )
     return changed
 
 
@@ -104,7 +108,9 @@ def check_url_fields(errors: Errors, actions: dict[str, Action]) -> None:
                 _check_literal(errors, where, key, value)
         endpoint = a.fields.get("endpoint") if a.type == "inference" else None
         if endpoint is not None and (
-            not isinstance(endpoint, str) or not ENDPOINT_RE.fullmatch(endpoint) or ".." in endpoint.split("/")
+            not isinstance(endpoint, str)
+            or not ENDPOINT_RE.fullmatch(endpoint)
+            or ".." in endpoint.split("/")
         ):
             errors.add(f"actions[{a.id}].endpoint", "must be a path such as /v1/embeddings (without `..`)")
 
@@ -112,7 +118,9 @@ def check_url_fields(errors: Errors, actions: dict[str, Action]) -> None:
 def replica_origins() -> set[str]:
     """The origins of every replica that serves or will: the URLs `${serve.service_url}` resolves to."""
     origins = set()
-    for url in db.session.scalars(db.select(Replica.url).where(Replica.url.is_not(None), Replica.status.in_(LIVE))):
+    for url in db.session.scalars(
+        db.select(Replica.url).where(Replica.url.is_not(None), Replica.status.in_(LIVE))
+    ):
         try:
             origins.add(parse_url(url).origin)
         except GswarmError:
@@ -134,7 +142,9 @@ def fleet_node_hosts(actions: tuple[Action, ...]) -> dict[str, Action]:
     """At submission: a literal URL naming a node of the fleet and a port is that node's replica on the port (its
     real address); one that names a node where nothing serves on that port is refused, saying what to write.
     Returns the actions so changed."""
-    literal = [(a, key, parse_url(value, f"actions[{a.id}].{key}")) for a, key, value in _literal_urls(actions)]
+    literal = [
+        (a, key, parse_url(value, f"actions[{a.id}].{key}")) for a, key, value in _literal_urls(actions)
+    ]
     hosts = {url.host for _, _, url in literal}
     changed: dict[str, Action] = {}
     if not literal or not hosts:

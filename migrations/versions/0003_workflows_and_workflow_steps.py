@@ -49,7 +49,11 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("dispatched", sa.Boolean(), nullable=False, server_default=sa.false()))
         batch_op.create_index(batch_op.f("ix_tasks_workflow_id"), ["workflow_id"], unique=False)
         batch_op.create_foreign_key(
-            batch_op.f("fk_tasks_workflow_id_workflows"), "workflows", ["workflow_id"], ["id"], ondelete="CASCADE"
+            batch_op.f("fk_tasks_workflow_id_workflows"),
+            "workflows",
+            ["workflow_id"],
+            ["id"],
+            ondelete="CASCADE",
         )
 
 

@@ -46,7 +46,10 @@ def upgrade() -> None:
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(
-            ["chunk_id"], ["data_chunks.id"], name=op.f("fk_chunk_locations_chunk_id_data_chunks"), ondelete="CASCADE"
+            ["chunk_id"],
+            ["data_chunks.id"],
+            name=op.f("fk_chunk_locations_chunk_id_data_chunks"),
+            ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("chunk_id", "device", name=op.f("pk_chunk_locations")),
     )

@@ -28,10 +28,16 @@ def upgrade() -> None:
         sa.Column("workflow_id", sa.String(length=36), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(
-            ["chunk_id"], ["data_chunks.id"], name=op.f("fk_chunk_refs_chunk_id_data_chunks"), ondelete="CASCADE"
+            ["chunk_id"],
+            ["data_chunks.id"],
+            name=op.f("fk_chunk_refs_chunk_id_data_chunks"),
+            ondelete="CASCADE",
         ),
         sa.ForeignKeyConstraint(
-            ["workflow_id"], ["workflows.id"], name=op.f("fk_chunk_refs_workflow_id_workflows"), ondelete="CASCADE"
+            ["workflow_id"],
+            ["workflows.id"],
+            name=op.f("fk_chunk_refs_workflow_id_workflows"),
+            ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("chunk_id", "holder", name=op.f("pk_chunk_refs")),
     )

@@ -57,7 +57,9 @@ def upgrade() -> None:
             batch_op.drop_column(column)
         batch_op.add_column(sa.Column("replicas", sa.Integer(), nullable=False, server_default="1"))
         batch_op.add_column(sa.Column("idle_timeout_s", sa.Float(), nullable=True))
-        batch_op.add_column(sa.Column("cold_start_timeout_s", sa.Float(), nullable=False, server_default="120"))
+        batch_op.add_column(
+            sa.Column("cold_start_timeout_s", sa.Float(), nullable=False, server_default="120")
+        )
 
 
 def downgrade() -> None:

@@ -27,7 +27,9 @@ def upgrade() -> None:
         sa.Column("last_seq", sa.BigInteger(), nullable=False),
         sa.Column("frames", sa.Integer(), nullable=False),
         sa.Column("data", sa.LargeBinary(), nullable=False),
-        sa.PrimaryKeyConstraint("session", "node", "first_ms", "first_seq", name=op.f("pk_profiler_frame_segments")),
+        sa.PrimaryKeyConstraint(
+            "session", "node", "first_ms", "first_seq", name=op.f("pk_profiler_frame_segments")
+        ),
     )
     with op.batch_alter_table("profiler_sessions", schema=None) as batch_op:
         batch_op.add_column(sa.Column("sealed_at", sa.DateTime(timezone=True), nullable=True))

@@ -33,7 +33,10 @@ def upgrade() -> None:
         sa.Column("reason", sa.String(length=500), nullable=False),
         sa.Column("load", sa.JSON(), nullable=True),
         sa.ForeignKeyConstraint(
-            ["service_id"], ["services.id"], name=op.f("fk_scaling_events_service_id_services"), ondelete="CASCADE"
+            ["service_id"],
+            ["services.id"],
+            name=op.f("fk_scaling_events_service_id_services"),
+            ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_scaling_events")),
     )

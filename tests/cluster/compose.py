@@ -50,8 +50,15 @@ class Cluster:
         self.service_id: str | None = None
 
     # -- docker ---------------------------------------------------------------------------------------------------
-    def compose(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
-        files = ["-f", str(ROOT / "docker-compose.yml"), "-f", str(ROOT / "tests/cluster/docker-compose.test.yml")]
+    def compose(
+        self, *args: str, timeout: float = 600, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        files = [
+            "-f",
+            str(ROOT / "docker-compose.yml"),
+            "-f",
+            str(ROOT / "tests/cluster/docker-compose.test.yml"),
+        ]
         cmd = ["docker-compose", "-p", PROJECT, *files, *args]
         p = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
         if check and p.returncode != 0:
@@ -73,7 +80,9 @@ class Cluster:
         return f"{PROJECT}_{name}"
 
     def ip(self, service: str, network: str = "broker") -> str:
-        nets = json.loads(self.docker("inspect", "-f", "{{json .NetworkSettings.Networks}}", self.container(service)))
+        nets = json.loads(
+            self.docker("inspect", "-f", "{{json .NetworkSettings.Networks}}", self.container(service))
+        )
         return str(nets[self.network(network)]["IPAddress"])
 
     @contextmanager
@@ -181,7 +190,9 @@ class Cluster:
     def devices(self, chunk_id: str) -> list[str]:
         code, body = self.get(f"/data/{chunk_id}")
         assert code == 200, body
-        return sorted(loc["device"] for loc in body["locations"] if loc.get("status") in (None, "ready", "available"))
+        return sorted(
+            loc["device"] for loc in body["locations"] if loc.get("status") in (None, "ready", "available")
+        )
 
     def content(self, chunk_id: str) -> bytes:
         r = self.http.get(f"{self.base}/data/{chunk_id}/content", headers=self.auth(), timeout=120)

@@ -32,6 +32,8 @@ class Ledger:
         lines = [head, "-" * len(head)]
         for r in self.rows:
             rec = "-" if r.recovery_s is None else f"{r.recovery_s:.1f}"
-            lines.append(f"{r.fault:<44} {r.started:>7} {r.finished:>8} {r.retried:>7} {r.lost:>4} {rec:>10}  {r.note}")
+            lines.append(
+                f"{r.fault:<44} {r.started:>7} {r.finished:>8} {r.retried:>7} {r.lost:>4} {rec:>10}  {r.note}"
+            )
         lines += [f"{k}: {v:.1f} s" for k, v in self.timings.items()]
         return "\n".join(lines)

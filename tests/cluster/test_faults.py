@@ -70,7 +70,12 @@ def kill_and_start(cluster: Cluster, service: str) -> float:
     cluster.docker("kill", cid)
     t0 = time.monotonic()
     cluster.docker("start", cid)
-    wait_for(lambda: cluster.node(service)["started_at"] != before, 120, f"{service}'s new worker heartbeating", 0.5)
+    wait_for(
+        lambda: cluster.node(service)["started_at"] != before,
+        120,
+        f"{service}'s new worker heartbeating",
+        0.5,
+    )
     cluster.wait_healthy()
     return t0
 
@@ -106,8 +111,12 @@ def test_node_killed_in_the_middle_of_a_model_copy(cluster: Cluster, ledger: Led
     wait_for(lambda: running_with_bytes(cluster, op["task_id"]), 60, "the copy under way")
     killed_at = kill_and_start(cluster, "node2")
     code, model = cluster.get("/models/blob")
-    half = [loc for loc in model["location_details"] if loc["device"] == "node2:disk" and loc["status"] == "ready"]
-    assert not half or cluster.task(op["task_id"])["status"] == "succeeded", model  # no partial copy marked ready
+    half = [
+        loc for loc in model["location_details"] if loc["device"] == "node2:disk" and loc["status"] == "ready"
+    ]
+    assert not half or cluster.task(op["task_id"])["status"] == "succeeded", (
+        model
+    )  # no partial copy marked ready
 
     def again() -> str:
         code, retry = cluster.post("/models/blob/copy", copy)
@@ -157,7 +166,9 @@ def test_node_killed_in_the_middle_of_a_chunk_transfer(cluster: Cluster, ledger:
     assert cluster.devices(cid) == ["node1:disk"]  # nothing recorded on node2
     before = cluster.node("node2")["started_at"]
     cluster.docker("start", node2)
-    wait_for(lambda: cluster.node("node2")["started_at"] != before, 120, "node2's new worker heartbeating", 0.5)
+    wait_for(
+        lambda: cluster.node("node2")["started_at"] != before, 120, "node2's new worker heartbeating", 0.5
+    )
     cluster.wait_healthy()
 
     def again() -> str:
@@ -197,8 +208,12 @@ def test_node_cut_off_past_the_heartbeat_timeout(cluster: Cluster, ledger: Ledge
     wait_for(lambda: cluster.node_status("node2") == "healthy", 60, "node2 healthy again", 0.5)
     row.recovery_s = time.monotonic() - t0
     body = count_workflow(row, cluster, wf)
-    assert body["status"] == "succeeded", [(s["action_id"], s["status"], s.get("error")) for s in body["steps"]]
-    assert cluster.node("node2")["address"] == cluster.ip("node2")  # a new address after the reconnect is announced
+    assert body["status"] == "succeeded", [
+        (s["action_id"], s["status"], s.get("error")) for s in body["steps"]
+    ]
+    assert cluster.node("node2")["address"] == cluster.ip(
+        "node2"
+    )  # a new address after the reconnect is announced
 
     def spilled() -> Any:  # the frames of the outage arrive once node2 has replayed its spill file
         _, doc = cluster.get(f"/profiler/sessions/{name}/export", params={"all": "true"})
@@ -218,7 +233,9 @@ def test_redis_restarted_in_the_middle_of_a_workflow(cluster: Cluster, ledger: L
     t0 = time.monotonic()
     body = count_workflow(row, cluster, wf)
     row.recovery_s = time.monotonic() - t0
-    assert body["status"] == "succeeded", [(s["action_id"], s["status"], s.get("error")) for s in body["steps"]]
+    assert body["status"] == "succeeded", [
+        (s["action_id"], s["status"], s.get("error")) for s in body["steps"]
+    ]
 
 
 def burst(cluster: Cluster, n: int, made: dict[str, bytes], row: Row) -> None:
@@ -237,7 +254,9 @@ def burst(cluster: Cluster, n: int, made: dict[str, bytes], row: Row) -> None:
             time.sleep(0.5)
 
 
-def test_postgres_restarted_in_the_middle_of_a_workflow_and_of_chunk_creates(cluster: Cluster, ledger: Ledger) -> None:
+def test_postgres_restarted_in_the_middle_of_a_workflow_and_of_chunk_creates(
+    cluster: Cluster, ledger: Ledger
+) -> None:
     row = ledger.row("postgres restarted mid workflow + 40 creates")
     wf = submit(cluster, chain("postgres-restart", ["node1", "node2"] * 4, 1.5))
     made: dict[str, bytes] = {}

@@ -47,8 +47,15 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    for need in (ENGINES / "vllm" / "bin" / "python", ENGINES / "llama.cpp" / "bin" / "llama-server", GGUF, MINILM):
-        assert need.exists(), f"{need} is missing: `make test-engines` installs the engines (scripts/engines.sh)"
+    for need in (
+        ENGINES / "vllm" / "bin" / "python",
+        ENGINES / "llama.cpp" / "bin" / "llama-server",
+        GGUF,
+        MINILM,
+    ):
+        assert need.exists(), (
+            f"{need} is missing: `make test-engines` installs the engines (scripts/engines.sh)"
+        )
     tmp = tmp_path_factory.mktemp("engines")
     repo = tmp / "gguf-repo"
     repo.mkdir()
@@ -59,11 +66,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                "HF_HUB_DISABLE_TELEMETRY": "1", "GSWARM_SERVE_READY_TIMEOUT": str(START_S),
                "GSWARM_QUEUE_TASK_TIMEOUT": "900"}  # fmt: skip
         with running_fleet(tmp, nodes=(), extra_env=env) as f:
-            f.start_node("node1", GSWARM_SERVE_ENGINE_PATHS=paths)  # vLLM and llama.cpp in their own directories
+            f.start_node(
+                "node1", GSWARM_SERVE_ENGINE_PATHS=paths
+            )  # vLLM and llama.cpp in their own directories
             f.start_node("node2")  # the built-in server only
             f.start_beat()
             port = _free_port()
-            web = next(s for s in control_plane_specs(f.settings, f.env, "127.0.0.1", port) if s.name == "web")
+            web = next(
+                s for s in control_plane_specs(f.settings, f.env, "127.0.0.1", port) if s.name == "web"
+            )
             f.procs["web"] = Proc("web", list(web.argv), f.env, f.tmp / "logs").start()
             f.base_url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
             wait_for(lambda: requests.get(f"{f.base_url}/api/v1/health", timeout=2).ok, 90, "the API")  # type: ignore[attr-defined]
@@ -114,7 +125,10 @@ def explain(fleet: Fleet, sid: str) -> str:
     svc = fleet.get(f"/services/{sid}")[1]
     replicas = {r["id"] for r in svc.get("instances", [])}
     logs = [p for p in fleet.home.rglob("services/*.log") if p.stem in replicas or p.stem == sid]
-    tails = "".join(f"\n--- {p.name}:\n{p.read_text(errors='replace')[-8000:]}" for p in logs) or "(no engine log)"
+    tails = (
+        "".join(f"\n--- {p.name}:\n{p.read_text(errors='replace')[-8000:]}" for p in logs)
+        or "(no engine log)"
+    )
     worker = fleet.procs["node1"].log()[-3000:] if "node1" in fleet.procs else ""
     return f"\nservice: {json.dumps(svc, indent=1)}\nengine logs:{tails}\nnode1 log tail:\n{worker}"
 
@@ -151,7 +165,12 @@ def test_nodes_report_their_engines_and_a_missing_engine_is_refused_at_once(flee
     t0 = time.monotonic()
     code, body = fleet.post("/services", {"model_name": "minilm", "device": "node2:cpu", "engine": "vllm"})
     assert code == 409 and time.monotonic() - t0 < 5, body
-    assert body["error"]["details"] == {"field": "engine", "engine": "vllm", "node": "node2", "engines": sorted(two)}
+    assert body["error"]["details"] == {
+        "field": "engine",
+        "engine": "vllm",
+        "node": "node2",
+        "engines": sorted(two),
+    }
 
 
 def test_minilm_on_vllm_answers_as_sentence_transformers_does(fleet: Fleet) -> None:
@@ -203,12 +222,17 @@ def test_a_gguf_from_the_hub_on_auto_is_served_by_llama_cpp(fleet: Fleet) -> Non
 
         def counted() -> str | None:
             m = metrics(fleet)
-            made = [x for x in m.splitlines() if x.startswith("gswarm:generation_tokens_total{") and "smollm2" in x]
+            made = [
+                x
+                for x in m.splitlines()
+                if x.startswith("gswarm:generation_tokens_total{") and "smollm2" in x
+            ]
             return m if made and float(made[0].rsplit(" ", 1)[1]) > 0 and "llamacpp:" in m else None
 
         text = wait_for(counted, 60, "generated tokens and llamacpp: metrics")
         assert any(
-            x.startswith("llamacpp:tokens_predicted_total{") and 'model="smollm2"' in x for x in text.splitlines()
+            x.startswith("llamacpp:tokens_predicted_total{") and 'model="smollm2"' in x
+            for x in text.splitlines()
         )
     finally:
         stop(fleet, fleet.get(f"/services/{svc['id']}")[1])
@@ -245,14 +269,17 @@ class Load:
 
 def test_a_rolling_update_under_load_fails_no_request(fleet: Fleet) -> None:
     svc = serve(
-        fleet, {"model_name": "minilm", "device": "auto:cpu", "engine": "vllm", "config": {"enforce_eager": True}}
+        fleet,
+        {"model_name": "minilm", "device": "auto:cpu", "engine": "vllm", "config": {"enforce_eager": True}},
     )
     first = {r["id"] for r in svc["instances"] if r["status"] == "running"}
     try:
         with Load(fleet) as load:
             wait_for(lambda: load.ok > 5, 60, "the load to run")
             code, body = fleet.api(
-                "PATCH", f"/services/{svc['id']}", json={"config": {"enforce_eager": True, "max_model_len": 256}}
+                "PATCH",
+                f"/services/{svc['id']}",
+                json={"config": {"enforce_eager": True, "max_model_len": 256}},
             )
             assert code == 200, body
 
@@ -262,7 +289,9 @@ def test_a_rolling_update_under_load_fails_no_request(fleet: Fleet) -> None:
                 old_gone = all(r["status"] == "stopped" for r in s["instances"] if r["id"] in first)
                 return s if running and not running & first and old_gone else None
 
-            after = waited(fleet, svc["id"], replaced, START_S + 120, "the new replica serving and the old one stopped")
+            after = waited(
+                fleet, svc["id"], replaced, START_S + 120, "the new replica serving and the old one stopped"
+            )
             before = load.ok
             wait_for(lambda: load.ok > before + 5, 60, "requests served by the new replica")
         assert not load.failures, load.failures[:5]

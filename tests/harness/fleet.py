@@ -36,7 +36,9 @@ def sha256(path: Path) -> str:
 class Fleet:
     """Processes and an API client; `api()` calls the app like an HTTP client would."""
 
-    def __init__(self, tmp: Path, extra_env: dict[str, str] | None = None, redis_url: str | None = None) -> None:
+    def __init__(
+        self, tmp: Path, extra_env: dict[str, str] | None = None, redis_url: str | None = None
+    ) -> None:
         """`redis_url`: a Redis of the caller's own (a server it restarts); without it the fleet claims a free database
         on the test Redis (redis_db.py) and releases it on close()."""
         self.redis_claim: RedisDb | None = None
@@ -107,7 +109,9 @@ class Fleet:
     def dram(self, node: str) -> Path:
         return self.dram_base / node
 
-    def start(self, name: str, queue: str | None = None, app_module: str = "gswarm_tasks", **env: str) -> Proc:
+    def start(
+        self, name: str, queue: str | None = None, app_module: str = "gswarm_tasks", **env: str
+    ) -> Proc:
         node_env = {} if app_module != "gswarm_tasks" else {"GSWARM_DRAM_ROOT": str(self.dram(name))}
         p = celery_worker(app_module, queue or name, name, {**self.env, **node_env, **env}, self.tmp / "logs")
         self.procs[name] = p.start()
@@ -157,7 +161,9 @@ class Fleet:
     def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         return self.api("POST", path, json=body)
 
-    def wait_task(self, task_id: str, timeout: float = 60, states: tuple[str, ...] = ("succeeded", "failed")) -> Any:
+    def wait_task(
+        self, task_id: str, timeout: float = 60, states: tuple[str, ...] = ("succeeded", "failed")
+    ) -> Any:
         def done() -> Any:
             code, body = self.get(f"/queue/tasks/{task_id}")
             return body if code == 200 and body["status"] in states else None
@@ -165,7 +171,9 @@ class Fleet:
         return wait_for(done, timeout, f"task {task_id} to reach {states}")
 
     def register_and_download(self, name: str, source_url: str, device: str = "node1:disk") -> Any:
-        code, body = self.post("/models", {"model_name": name, "model_type": "embedding", "source_url": source_url})
+        code, body = self.post(
+            "/models", {"model_name": name, "model_type": "embedding", "source_url": source_url}
+        )
         assert code == 201, body
         code, body = self.post(f"/models/{name}/download", {"target_device": device})
         assert code == 202, body

@@ -191,8 +191,14 @@ class _Handler(BaseHTTPRequestHandler):
         repo = self.hub._repo(repo_id, revision)
         entry = repo.files.get(filename)  # exact index match: "../x", "/etc/passwd" etc. never match
         if entry is None:
-            raise _HttpError(404, "Entry not found", {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": repo.sha})
-        headers = {"X-Repo-Commit": repo.sha, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+            raise _HttpError(
+                404, "Entry not found", {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": repo.sha}
+            )
+        headers = {
+            "X-Repo-Commit": repo.sha,
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+        }
         if entry.sha256 is not None:
             headers.update({"ETag": f'"{entry.sha256}"', "X-Linked-Etag": f'"{entry.sha256}"'})
             headers["X-Linked-Size"] = str(entry.size)
@@ -240,7 +246,9 @@ def _info(repo_id: str, repo: _Repo, blobs: bool) -> dict[str, Any]:
             if f.sha256 is not None:
                 sibling["lfs"] = {"size": f.size, "sha256": f.sha256, "pointerSize": f.pointer_size}
         siblings.append(sibling)
-    return dict(_id=repo.sha[:24], id=repo_id, modelId=repo_id, sha=repo.sha, private=False, siblings=siblings)
+    return dict(
+        _id=repo.sha[:24], id=repo_id, modelId=repo_id, sha=repo.sha, private=False, siblings=siblings
+    )
 
 
 def _tree(repo: _Repo, sub: str, recursive: bool) -> list[dict[str, Any]]:

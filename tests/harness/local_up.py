@@ -61,7 +61,17 @@ def start_up(tmp: Path, node: str | None = "upnode", *, port: int | None = None,
     home = home or tmp / "home"
     port, redis_port = port or free_port(), redis_port or free_port()
     if node is None:
-        argv = [GSWARM, "host", "start", "--http-port", str(port), "--port", str(redis_port), "--model-port", "0"]
+        argv = [
+            GSWARM,
+            "host",
+            "start",
+            "--http-port",
+            str(port),
+            "--port",
+            str(redis_port),
+            "--model-port",
+            "0",
+        ]
     else:
         argv = [GSWARM, "up", "--port", str(port), "--redis-port", str(redis_port), "--node", node]
     proc = Proc(name, argv, clean_env(home, **env), tmp).start()

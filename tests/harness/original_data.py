@@ -24,7 +24,13 @@ GPUS = (
 
 def original_frame(i: int, t: datetime, bandwidth: bool = True) -> dict[str, Any]:
     """Frame `i` (from 1) as the original head made it: every GPU of every client, strings with two decimals."""
-    frame: dict[str, Any] = {"frame_id": i, "time": t.isoformat(), "gpu_id": [], "gpu_util": [], "gpu_memory": []}
+    frame: dict[str, Any] = {
+        "frame_id": i,
+        "time": t.isoformat(),
+        "gpu_id": [],
+        "gpu_util": [],
+        "gpu_memory": [],
+    }
     if bandwidth:
         frame.update(dram_bandwidth=[], dram_bandwidth_rx=[], dram_bandwidth_tx=[], gpu_bandwidth=[])
     for k, (host, idx, name) in enumerate(GPUS):
@@ -37,7 +43,9 @@ def original_frame(i: int, t: datetime, bandwidth: bool = True) -> dict[str, Any
             frame["dram_bandwidth_tx"].append(tx)
             frame["dram_bandwidth"].append(str(float(rx) + float(tx)))
     if bandwidth:  # the first layout listed NVLink links, not GPUs
-        frame["gpu_bandwidth"].append({"id1": frame["gpu_id"][0], "id2": frame["gpu_id"][1], "utilization": "300.00"})
+        frame["gpu_bandwidth"].append(
+            {"id1": frame["gpu_id"][0], "id2": frame["gpu_id"][1], "utilization": "300.00"}
+        )
     return frame
 
 
@@ -90,7 +98,10 @@ def write_model_data(root: Path, fleet_node: str) -> None:
                 "model_size": 2_400_000,
                 "stored_locations": [f"{fleet_node}:disk", "gpu-box-7:dram"],
                 "available_services": {"gpu-box-7:gpu0": "http://gpu-box-7:8080"},
-                "metadata": {"url": "https://huggingface.co/sshleifer/tiny-gpt2", "description": "a tiny GPT-2"},
+                "metadata": {
+                    "url": "https://huggingface.co/sshleifer/tiny-gpt2",
+                    "description": "a tiny GPT-2",
+                },
             },
             {
                 "model_name": "llama-7b",
@@ -100,7 +111,12 @@ def write_model_data(root: Path, fleet_node: str) -> None:
                 "available_services": {},
                 "source_url": "hf://meta-llama/Llama-2-7b-hf",
             },
-            {"model_name": "mystery", "model_type": "vision", "stored_locations": [], "available_services": {}},
+            {
+                "model_name": "mystery",
+                "model_type": "vision",
+                "stored_locations": [],
+                "available_services": {},
+            },
         ],
         "node_list": [fleet_node, "gpu-box-7"],
     }

@@ -27,7 +27,8 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float
             last_exc = exc
         time.sleep(interval)
     raise AssertionError(
-        f"timed out after {timeout:.0f} s waiting for {what}" + (f" (last error: {last_exc!r})" if last_exc else "")
+        f"timed out after {timeout:.0f} s waiting for {what}"
+        + (f" (last error: {last_exc!r})" if last_exc else "")
     )
 
 

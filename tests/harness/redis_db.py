@@ -152,7 +152,9 @@ def claim_redis_db(host: str = REDIS_HOST, port: int = REDIS_PORT, wait_s: float
         if time.monotonic() > deadline:
             keys = [KEY.format(db) for db in range(1, count)]
             holders = {k: v for k, v in zip(keys, claims.mget(keys), strict=True) if v is not None}
-            raise RuntimeError(f"no free Redis database on {host}:{port} after {wait_s:.0f} s; held: {holders}")
+            raise RuntimeError(
+                f"no free Redis database on {host}:{port} after {wait_s:.0f} s; held: {holders}"
+            )
         time.sleep(0.5)
 
 

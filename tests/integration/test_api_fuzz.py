@@ -86,7 +86,10 @@ def test_no_input_makes_a_server_error_and_every_answer_follows_the_schema(live_
         for mode in MODES:
             try:
                 _fuzz(operation, mode, url, token)
-            except (Exception, BaseExceptionGroup) as exc:  # every failing operation is reported, not only the first
+            except (
+                Exception,
+                BaseExceptionGroup,
+            ) as exc:  # every failing operation is reported, not only the first
                 failures.append(f"{operation.label} ({mode.value}): {type(exc).__name__}: {str(exc)[:1500]}")
     assert not failures, "\n\n".join(failures)
 
@@ -98,7 +101,9 @@ def _operations(spec: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]
                 yield method.upper(), path, op
 
 
-def test_unknown_query_parameters_and_body_fields_are_refused_by_every_operation(live_api: tuple[str, str]) -> None:
+def test_unknown_query_parameters_and_body_fields_are_refused_by_every_operation(
+    live_api: tuple[str, str],
+) -> None:
     """Every operation of the published API answers 422 naming a query parameter or a JSON field it does not know,
     whatever else the request holds (unknown=RAISE for every location, and a body sent to a view that reads none)."""
     import requests
@@ -107,8 +112,12 @@ def test_unknown_query_parameters_and_body_fields_are_refused_by_every_operation
     spec = requests.get(f"{url}/api/v1/openapi.json", timeout=10).json()
     checked = 0
     for method, path, op in _operations(spec):
-        concrete = path.replace("{", "").replace("}", "")  # any value: input is checked before the resource is read
-        r = requests.request(method, f"{url}{concrete}", params={"zz_unknown": "1"}, headers=bearer(token), timeout=10)
+        concrete = path.replace("{", "").replace(
+            "}", ""
+        )  # any value: input is checked before the resource is read
+        r = requests.request(
+            method, f"{url}{concrete}", params={"zz_unknown": "1"}, headers=bearer(token), timeout=10
+        )
         assert r.status_code == 422, (method, path, r.status_code, r.text)
         assert r.json()["error"]["details"]["field"] == "zz_unknown", (method, path, r.text)
         # the gateway's bodies belong to the OpenAI API and the engine behind it: passed through, not gswarm's to judge
@@ -118,7 +127,9 @@ def test_unknown_query_parameters_and_body_fields_are_refused_by_every_operation
             if "requestBody" in op and "application/json" not in op["requestBody"].get("content", {}):
                 continue  # a YAML/multipart document: its own parser names the field
             assert r.status_code in (400, 422), (method, path, r.status_code, r.text)
-            named = r.json()["error"]["details"].get("field") if "requestBody" not in op else "zz_unknown_field"
+            named = (
+                r.json()["error"]["details"].get("field") if "requestBody" not in op else "zz_unknown_field"
+            )
             assert named == "body" or "zz_unknown_field" in r.text, (method, path, r.text)
         checked += 1
     assert checked >= 40

@@ -60,7 +60,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         f.base_url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
         wait_for(lambda: requests.get(f"{f.base_url}/api/v1/health", timeout=2).ok, 90, "the API")  # type: ignore[attr-defined]
         f.register_and_download("minilm", f"file://{minilm}", device="node1:disk")
-        code, body = f.post("/models", {"model_name": "tiny-lm", "model_type": "llm", "source_url": f"file://{lm}"})
+        code, body = f.post(
+            "/models", {"model_name": "tiny-lm", "model_type": "llm", "source_url": f"file://{lm}"}
+        )
         assert code == 201, body
         for op, target in (("download", "node1:disk"), ("copy", "node2:disk")):  # the LM on both nodes
             code, body = f.post(f"/models/tiny-lm/{op}", {"target_device": target})
@@ -73,7 +75,9 @@ def _svc(fleet: Fleet, sid: str) -> dict[str, Any]:
 
 
 def _running(fleet: Fleet, sid: str, n: int, timeout: float = 240) -> dict[str, Any]:
-    return wait_for(lambda: (s := _svc(fleet, sid))["ready_replicas"] == n and s, timeout, f"{n} running replica(s)")
+    return wait_for(
+        lambda: (s := _svc(fleet, sid))["ready_replicas"] == n and s, timeout, f"{n} running replica(s)"
+    )
 
 
 class Load:
@@ -104,7 +108,9 @@ class Load:
                 text = r.text
                 ok = r.status_code == 200 and (not self.stream or text.rstrip().endswith("data: [DONE]"))
                 if ok:
-                    self.answers.append((time.monotonic(), r.status_code, r.headers.get("X-Gswarm-Replica", "")))
+                    self.answers.append(
+                        (time.monotonic(), r.status_code, r.headers.get("X-Gswarm-Replica", ""))
+                    )
                 else:
                     self.failures.append(f"{r.status_code}: {text[:300]}")
             except requests.RequestException as exc:
@@ -136,7 +142,9 @@ def test_a_load_step_scales_out_to_the_target_and_back_with_no_failed_request(fl
     stepped = time.monotonic()
     load.add(7)
     three = _running(fleet, sid, 3)
-    wait_for(lambda: len({a[2] for a in load.answers if a[0] > stepped}) == 3, 60, "all three replicas answering")
+    wait_for(
+        lambda: len({a[2] for a in load.answers if a[0] > stepped}) == 3, 60, "all three replicas answering"
+    )
     load.stop()
     ended = time.monotonic()
 
@@ -149,9 +157,15 @@ def test_a_load_step_scales_out_to_the_target_and_back_with_no_failed_request(fl
     assert load.failures == [], load.failures[:5]
     assert len(load.answers) > 100
     events = _events(fleet, sid)
-    print("\n".join(f"{e['at']} {e['from_replicas']} -> {e['to_replicas']}: {e['reason']} {e['load']}" for e in events))
+    print(
+        "\n".join(
+            f"{e['at']} {e['from_replicas']} -> {e['to_replicas']}: {e['reason']} {e['load']}" for e in events
+        )
+    )
     ups = [e for e in events if e["direction"] == "up"]
-    assert ups and events[: len(ups)] == ups and max(e["to_replicas"] for e in ups) == 3, events  # up, then down
+    assert ups and events[: len(ups)] == ups and max(e["to_replicas"] for e in ups) == 3, (
+        events
+    )  # up, then down
     assert ups[0]["load"]["in_flight"] + ups[0]["load"]["waiting"] > 2
     assert events[-1]["direction"] == "down" and events[-1]["to_replicas"] == 1, events
     assert "below target for 5 s" in events[-1]["reason"]
@@ -173,7 +187,9 @@ def test_a_service_at_zero_answers_its_first_request(fleet: Fleet) -> None:
     policy = {"min_replicas": 0, "max_replicas": 2, "scale_down_delay_s": 600}
     code, svc = fleet.post("/services", {"model_name": "tiny-lm", "device": "auto", "autoscaling": policy})
     assert code == 202, svc
-    assert svc["status"] == "idle" and svc["replicas"] == 0 and svc["instances"] == [] and svc["task_id"] is None
+    assert (
+        svc["status"] == "idle" and svc["replicas"] == 0 and svc["instances"] == [] and svc["task_id"] is None
+    )
     t0 = time.monotonic()
     r = requests.post(f"{fleet.base_url}/v1/completions", headers=bearer(fleet.token), timeout=300,  # type: ignore[attr-defined]
                       json={"model": "tiny-lm", "prompt": "from zero", "max_tokens": 4, "temperature": 0})  # fmt: skip
@@ -183,7 +199,9 @@ def test_a_service_at_zero_answers_its_first_request(fleet: Fleet) -> None:
     assert after["replicas"] == 1 and after["ready_replicas"] == 1
     assert after["instances"][0]["engine"] == "builtin"
     first = _events(fleet, svc["id"])[0]
-    assert first["from_replicas"] == 0 and first["to_replicas"] == 1 and first["reason"].startswith("from zero")
+    assert (
+        first["from_replicas"] == 0 and first["to_replicas"] == 1 and first["reason"].startswith("from zero")
+    )
     print(f"from zero to the first answer in {time.monotonic() - t0:.1f} s")
     fleet.api("DELETE", f"/services/{svc['id']}")
 
@@ -203,14 +221,18 @@ def _direct(fleet: Fleet, instance: dict[str, Any], body: dict[str, Any]) -> thr
     return t
 
 
-def test_a_stream_whose_node_dies_before_its_first_byte_is_answered_whole_by_another_replica(fleet: Fleet) -> None:
+def test_a_stream_whose_node_dies_before_its_first_byte_is_answered_whole_by_another_replica(
+    fleet: Fleet,
+) -> None:
     code, svc = fleet.post("/services", {"model_name": "tiny-lm", "device": "auto", "replicas": 2})
     assert code == 202, svc
     sid = svc["id"]
     running = [i for i in _running(fleet, sid, 2)["instances"] if i["status"] == "running"]
     assert {i["node"] for i in running} == {"node1", "node2"}
     prompt = {"model": "tiny-lm", "prompt": "the stream survives", "max_tokens": 12, "temperature": 0}
-    whole = requests.post(f"{fleet.base_url}/v1/completions", json=prompt, headers=bearer(fleet.token), timeout=120)  # type: ignore[attr-defined]
+    whole = requests.post(
+        f"{fleet.base_url}/v1/completions", json=prompt, headers=bearer(fleet.token), timeout=120
+    )  # type: ignore[attr-defined]
     assert whole.status_code == 200, whole.text
     busy = {"model": "tiny-lm", "prompt": "keep busy", "max_tokens": 3000, "temperature": 0}
     blockers = [_direct(fleet, i, busy) for i in running]  # neither replica sends a byte before these end
@@ -249,7 +271,9 @@ def test_a_scale_down_drains_and_loses_no_request(fleet: Fleet) -> None:
     assert code == 202, svc
     sid = svc["id"]
     _running(fleet, sid, 2)
-    load = Load(fleet, "tiny-lm", {"prompt": "drain me", "max_tokens": 200, "temperature": 0, "stream": True}, True)
+    load = Load(
+        fleet, "tiny-lm", {"prompt": "drain me", "max_tokens": 200, "temperature": 0, "stream": True}, True
+    )
     load.add(4)
     wait_for(lambda: len({a[2] for a in load.answers}) == 2, 120, "both replicas answering")
     code, body = fleet.api("PATCH", f"/services/{sid}", json={"replicas": 1})

@@ -81,15 +81,23 @@ def test_a_step_with_its_own_time_limit_and_steps_past_the_budget_get_their_own_
     assert delivered(fleet, body) == {"t0", "t1", "t2", "t3"}
 
 
-def test_an_inlined_step_that_retries_goes_back_to_the_broker_with_the_rest_of_its_chain(fleet: Fleet) -> None:
-    actions = [noop("r0"), noop("flaky", "r0", fail_times=2, retries=3, retry_backoff=0.1), noop("r2", "flaky")]
+def test_an_inlined_step_that_retries_goes_back_to_the_broker_with_the_rest_of_its_chain(
+    fleet: Fleet,
+) -> None:
+    actions = [
+        noop("r0"),
+        noop("flaky", "r0", fail_times=2, retries=3, retry_backoff=0.1),
+        noop("r2", "flaky"),
+    ]
     body = run(fleet, actions)
     assert body["status"] == "succeeded", body
     s = steps(body)
     assert s["flaky"]["attempts"] == 3 and s["r2"]["status"] == "succeeded"
     client = redis.Redis.from_url(fleet.redis_url)
     assert not client.exists(names.deliveries_key(s["flaky"]["task_id"], 0))  # first tried inline
-    assert client.exists(names.deliveries_key(s["flaky"]["task_id"], 2))  # its retries came through the broker
+    assert client.exists(
+        names.deliveries_key(s["flaky"]["task_id"], 2)
+    )  # its retries came through the broker
 
 
 def test_a_failed_inlined_step_stops_its_chain(fleet: Fleet) -> None:
@@ -101,24 +109,35 @@ def test_a_failed_inlined_step_stops_its_chain(fleet: Fleet) -> None:
 
 def test_sigkill_of_the_worker_mid_inlined_step_runs_it_again(fleet: Fleet) -> None:
     code, body = fleet.post(
-        "/workflows", {"name": "k", "actions": [noop("k0"), noop("victim", "k0", duration_s=3), noop("k2", "victim")]}
+        "/workflows",
+        {"name": "k", "actions": [noop("k0"), noop("victim", "k0", duration_s=3), noop("k2", "victim")]},
     )
     wf = body["id"]
-    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["victim"]["status"] == "running", 20, "victim running")
+    wait_for(
+        lambda: steps(fleet.get(f"/workflows/{wf}")[1])["victim"]["status"] == "running", 20, "victim running"
+    )
     fleet.procs["node1"].kill_group(signal.SIGKILL)
     fleet.start_node("node1")
     body = wait_done(fleet, wf, 30)
     assert body["status"] == "succeeded", body
     s = steps(body)
-    started = [e for e in fleet.redis_events(wf) if e["event"] == "started" and e["task_id"] == s["victim"]["task_id"]]
+    started = [
+        e
+        for e in fleet.redis_events(wf)
+        if e["event"] == "started" and e["task_id"] == s["victim"]["task_id"]
+    ]
     assert len(started) == 2  # the redelivered message found k0 done and ran the victim again
     assert delivered(fleet, body) == {"k0", "k2"}  # the victim ran inline (twice); k2 came after the budget
 
 
 def test_a_killed_pool_process_mid_inlined_step_is_requeued_at_once(fleet: Fleet) -> None:
-    code, body = fleet.post("/workflows", {"name": "p", "actions": [noop("p0"), noop("victim", "p0", duration_s=2)]})
+    code, body = fleet.post(
+        "/workflows", {"name": "p", "actions": [noop("p0"), noop("victim", "p0", duration_s=2)]}
+    )
     wf = body["id"]
-    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["victim"]["status"] == "running", 20, "victim running")
+    wait_for(
+        lambda: steps(fleet.get(f"/workflows/{wf}")[1])["victim"]["status"] == "running", 20, "victim running"
+    )
     for child in psutil.Process(fleet.procs["node1"].pid).children():
         child.kill()
     body = wait_done(fleet, wf, 30)
@@ -128,9 +147,15 @@ def test_a_killed_pool_process_mid_inlined_step_is_requeued_at_once(fleet: Fleet
 
 def test_the_hard_time_limit_of_a_message_fails_the_inlined_step_it_killed(fleet: Fleet) -> None:
     t0 = time.monotonic()
-    body = run(fleet, [noop("h0"), noop("slow", "h0", duration_s=HARD_LIMIT_S * 3), noop("h2", "slow")], timeout=60)
+    body = run(
+        fleet, [noop("h0"), noop("slow", "h0", duration_s=HARD_LIMIT_S * 3), noop("h2", "slow")], timeout=60
+    )
     s = steps(body)
-    assert (s["h0"]["status"], s["slow"]["status"], s["h2"]["status"]) == ("succeeded", "failed", "skipped"), body
+    assert (s["h0"]["status"], s["slow"]["status"], s["h2"]["status"]) == (
+        "succeeded",
+        "failed",
+        "skipped",
+    ), body
     assert "TimeLimitExceeded" in str(s["slow"]["error"])
     assert time.monotonic() - t0 < HARD_LIMIT_S * 3  # failed by the limit, not after the step's own end
 
@@ -143,10 +168,13 @@ def revoked(fleet: Fleet) -> set[str]:
 
 def test_cancelling_a_workflow_revokes_the_message_that_runs_its_inlined_step(fleet: Fleet) -> None:
     code, body = fleet.post(
-        "/workflows", {"name": "c", "actions": [noop("m0"), noop("long", "m0", duration_s=30), noop("m2", "long")]}
+        "/workflows",
+        {"name": "c", "actions": [noop("m0"), noop("long", "m0", duration_s=30), noop("m2", "long")]},
     )
     wf = body["id"]
-    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["long"]["status"] == "running", 20, "long running")
+    wait_for(
+        lambda: steps(fleet.get(f"/workflows/{wf}")[1])["long"]["status"] == "running", 20, "long running"
+    )
     message = steps(fleet.get(f"/workflows/{wf}")[1])["m0"]["task_id"]  # the message that runs `long`
     t0 = time.monotonic()
     code, _ = fleet.post(f"/workflows/{wf}/cancel", {})
@@ -154,13 +182,18 @@ def test_cancelling_a_workflow_revokes_the_message_that_runs_its_inlined_step(fl
     wait_for(lambda: message in revoked(fleet), 20, "the message running the step revoked")
     body = wait_done(fleet, wf, 30)
     s = steps(body)
-    assert (s["m0"]["status"], s["long"]["status"], s["m2"]["status"]) == ("succeeded", "cancelled", "cancelled")
+    assert (s["m0"]["status"], s["long"]["status"], s["m2"]["status"]) == (
+        "succeeded",
+        "cancelled",
+        "cancelled",
+    )
     assert time.monotonic() - t0 < 30
 
 
 def test_cancelling_a_later_step_leaves_the_message_running_an_earlier_one(fleet: Fleet) -> None:
     code, body = fleet.post(
-        "/workflows", {"name": "l", "actions": [noop("n0"), noop("mid", "n0", duration_s=2), noop("last", "mid")]}
+        "/workflows",
+        {"name": "l", "actions": [noop("n0"), noop("mid", "n0", duration_s=2), noop("last", "mid")]},
     )
     wf = body["id"]
     wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["mid"]["status"] == "running", 20, "mid running")

@@ -18,13 +18,17 @@ from tests.harness.races import at_once, call
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(tmp_path_factory.mktemp("chunk-races"), extra_env={"GSWARM_DATA_INTERMEDIATE_TTL": "1"}) as f:
+    with running_fleet(
+        tmp_path_factory.mktemp("chunk-races"), extra_env={"GSWARM_DATA_INTERMEDIATE_TTL": "1"}
+    ) as f:
         f.base_url = f.serve_http()  # type: ignore[attr-defined]
         yield f
 
 
 def create(fleet: Fleet, raw: bytes, **kw: Any) -> dict[str, Any]:
-    r = call(fleet, "POST", "/data", json={"data": base64.b64encode(raw).decode(), "device": "node1:dram", **kw})
+    r = call(
+        fleet, "POST", "/data", json={"data": base64.b64encode(raw).decode(), "device": "node1:dram", **kw}
+    )
     assert r.status_code == 202, r.text
     task = fleet.wait_task(r.json()["task_id"])
     assert task["status"] == "succeeded", task
@@ -37,7 +41,9 @@ def run_gc(fleet: Fleet) -> dict[str, int]:
     return dict(sender().send_task(names.DATA_GC, queue=names.CONTROL_QUEUE).get(timeout=30))
 
 
-def test_equal_bytes_from_two_callers_are_two_chunks_and_the_collector_takes_only_its_own(fleet: Fleet) -> None:
+def test_equal_bytes_from_two_callers_are_two_chunks_and_the_collector_takes_only_its_own(
+    fleet: Fleet,
+) -> None:
     raw = os.urandom(5000)
     scratch = create(fleet, raw, type="intermediate", metadata={"owner": "a"})
     kept = create(fleet, raw, type="input", metadata={"owner": "b"})
@@ -45,7 +51,11 @@ def test_equal_bytes_from_two_callers_are_two_chunks_and_the_collector_takes_onl
     a, b = (fleet.get(f"/data/{c['chunk_id']}")[1] for c in (scratch, kept))
     assert (a["chunk_type"], a["metadata"]["owner"]) == ("intermediate", "a")
     assert (b["chunk_type"], b["metadata"]["owner"]) == ("input", "b")
-    wait_for(lambda: run_gc(fleet) and fleet.get(f"/data/{scratch['chunk_id']}")[0] == 404, 30, "the scratch collected")
+    wait_for(
+        lambda: run_gc(fleet) and fleet.get(f"/data/{scratch['chunk_id']}")[0] == 404,
+        30,
+        "the scratch collected",
+    )
     assert fleet.get(f"/data/{kept['chunk_id']}")[1]["status"] == "available"
     assert (fleet.dram("node1") / "data" / kept["chunk_id"]).read_bytes() == raw
     r = call(fleet, "GET", f"/data/{kept['chunk_id']}/content")
@@ -73,7 +83,9 @@ def test_a_pin_racing_a_delete_never_pins_a_chunk_that_goes(fleet: Fleet) -> Non
 
 def test_identical_pins_at_once_pin_once(fleet: Fleet) -> None:
     cid = create(fleet, os.urandom(700))["chunk_id"]
-    answers = at_once(*(lambda: call(fleet, "POST", f"/data/{cid}/pins", json={"holder": "same"}) for _ in range(4)))
+    answers = at_once(
+        *(lambda: call(fleet, "POST", f"/data/{cid}/pins", json={"holder": "same"}) for _ in range(4))
+    )
     assert sorted(a.status_code for a in answers) == [200, 200, 200, 201], [a.text for a in answers]
     assert fleet.get(f"/data/{cid}")[1]["references"] == ["pin:same"]
 

@@ -234,14 +234,18 @@ def test_fleet_shows_both_nodes_and_gpu_utilisation_follows_the_frames(
     deadline = time.monotonic() + 30
     tile = page.locator('[data-gpu="node1:gpu0"]')
     while len(matched) < 4 and time.monotonic() < deadline:
-        seq, util, text = tile.evaluate("t => [t.dataset.seq, t.dataset.util, t.querySelector('.util').textContent]")
+        seq, util, text = tile.evaluate(
+            "t => [t.dataset.seq, t.dataset.util, t.querySelector('.util').textContent]"
+        )
         frame = _frames_by_seq(fleet, "node1").get(int(seq))
         assert frame is not None, f"the page shows frame {seq}, which is not in the stream"
         expected = frame["gpus"][0]["utilization_percent"]
         assert float(util) == expected and text == _shown_percent(expected), (seq, util, text, expected)
         matched[int(seq)] = expected
         page.wait_for_function(
-            "seq => document.querySelector('[data-gpu=\"node1:gpu0\"]').dataset.seq !== seq", arg=seq, timeout=10_000
+            "seq => document.querySelector('[data-gpu=\"node1:gpu0\"]').dataset.seq !== seq",
+            arg=seq,
+            timeout=10_000,
         )
     assert len(matched) >= 4, f"the tile followed only {len(matched)} frames in 30 s: {matched}"
     assert len(set(matched.values())) > 1, f"utilisation never changed: {matched}"
@@ -281,7 +285,9 @@ def test_a_workflow_submitted_from_the_page_runs_to_succeeded_on_its_dag(
     page.wait_for_selector(f'#workflow-list tr[data-workflow="{wf_id}"][data-status="succeeded"]')
 
 
-def test_a_failing_workflow_shows_its_error_on_the_step_that_failed(admin: Any, fleet: Fleet, artifacts: Path) -> None:
+def test_a_failing_workflow_shows_its_error_on_the_step_that_failed(
+    admin: Any, fleet: Fleet, artifacts: Path
+) -> None:
     page = admin
     page.goto(fleet.base_url + "/#/workflows")  # type: ignore[attr-defined]
     page.fill("#workflow-yaml", FAILING_WORKFLOW)
@@ -308,7 +314,8 @@ def test_cancel_from_the_page_stops_a_running_workflow(admin: Any, fleet: Fleet)
     page = admin
     page.goto(fleet.base_url + "/#/workflows")  # type: ignore[attr-defined]
     page.fill(
-        "#workflow-yaml", "name: dash-long\nactions:\n  - action_id: wait\n    action_type: noop\n    duration_s: 60\n"
+        "#workflow-yaml",
+        "name: dash-long\nactions:\n  - action_id: wait\n    action_type: noop\n    duration_s: 60\n",
     )
     page.click("#submit-workflow")
     page.wait_for_url("**/#/workflows/*")
@@ -331,7 +338,9 @@ def test_a_profiling_session_started_stopped_plotted_and_exported_from_the_page(
     # the live timeline draws every GPU of both nodes from the frames
     for key in ("node1:gpu0", "node1:gpu1", "node2:gpu0", "node2:gpu1"):
         page.wait_for_selector(f'#gpu-timeline g[data-gpu="{key}"] polyline[points*=","]')
-    wait_for(lambda: (fleet.get("/profiler/sessions/dash-session")[1].get("frame_count") or 0) > 3, 30, "frames")
+    wait_for(
+        lambda: (fleet.get("/profiler/sessions/dash-session")[1].get("frame_count") or 0) > 3, 30, "frames"
+    )
     page.click('tr[data-session="dash-session"] button:has-text("Stop")')
     page.wait_for_selector('tr[data-session="dash-session"][data-status="stopped"]')
     page.click('tr[data-session="dash-session"] button:has-text("Plot")')
@@ -345,7 +354,9 @@ def test_a_profiling_session_started_stopped_plotted_and_exported_from_the_page(
     page.screenshot(path=str(artifacts / "profiler-session.png"), full_page=True)
 
 
-def test_model_actions_show_the_placement_decision_before_they_run(admin: Any, fleet: Fleet, artifacts: Path) -> None:
+def test_model_actions_show_the_placement_decision_before_they_run(
+    admin: Any, fleet: Fleet, artifacts: Path
+) -> None:
     page = admin
     page.goto(fleet.base_url + "/#/models")  # type: ignore[attr-defined]
     page.fill("#reg-name", "dash-tiny")
@@ -375,7 +386,9 @@ def test_model_actions_show_the_placement_decision_before_they_run(admin: Any, f
         assert page.locator("#model-actions .errorbox").count() == 0, page.inner_text("#model-actions")
         accepted = page.locator("#model-actions .okbox").inner_text()
         task_id = accepted.split("task ")[1].split()[0]
-        page.wait_for_selector(f'#operations tr[data-task="{task_id[:8]}"], #operations tr[data-task="{task_id}"]')
+        page.wait_for_selector(
+            f'#operations tr[data-task="{task_id[:8]}"], #operations tr[data-task="{task_id}"]'
+        )
         fleet.wait_task(task_id, 60)
         page.wait_for_selector(f'#models-matrix tr[data-model="dash-tiny"] td[data-device="{chosen}"] .dot')
         return chosen
@@ -483,7 +496,9 @@ def test_the_page_weighs_under_500_kb(browser: Any, fleet: Fleet, artifacts: Pat
     """Every byte the dashboard's first load fetches (HTML, CSS, modules), before caching."""
     w = Watched(browser, fleet.base_url)  # type: ignore[attr-defined]
     sizes: dict[str, int] = {}
-    w.page.on("response", lambda r: sizes.__setitem__(r.url, len(r.body())) if "/api/v1/" not in r.url else None)
+    w.page.on(
+        "response", lambda r: sizes.__setitem__(r.url, len(r.body())) if "/api/v1/" not in r.url else None
+    )
     w.page.goto(fleet.base_url + "/")  # type: ignore[attr-defined]
     w.page.wait_for_selector("#login")
     w.page.wait_for_load_state("networkidle")
@@ -494,7 +509,9 @@ def test_the_page_weighs_under_500_kb(browser: Any, fleet: Fleet, artifacts: Pat
     w.close()
 
 
-def test_fleet_of_200_nodes_with_8_gpus_paints_fast_and_keeps_up(admin: Any, fleet: Fleet, artifacts: Path) -> None:
+def test_fleet_of_200_nodes_with_8_gpus_paints_fast_and_keeps_up(
+    admin: Any, fleet: Fleet, artifacts: Path
+) -> None:
     """200 synthetic nodes x 8 GPUs: rows in the node table, newest frames written each 0.5 s as the frames consumer
     writes them; the page's own measures (first paint from navigation, the first draw, each update) are read back
     and written to fleet-200x8.json. On a quiet host the first paint is 0.5 to 0.9 s; this suite shares small hosts
@@ -571,7 +588,9 @@ def test_fleet_of_200_nodes_with_8_gpus_paints_fast_and_keeps_up(admin: Any, fle
             page.reload()  # a fresh document each time: first paint is counted from its navigation
             page.wait_for_selector("#page-fleet[data-first-paint-ms]")
             # the first paint draws every card; tiles fill in slices after it, so wait for the last of them
-            page.wait_for_function("n => document.querySelectorAll('.gpu').length >= n", arg=n_nodes * n_gpus + 4)
+            page.wait_for_function(
+                "n => document.querySelectorAll('.gpu').length >= n", arg=n_nodes * n_gpus + 4
+            )
             assert page.locator(".gpu").count() == n_nodes * n_gpus + 2 * 2
             paints.append(float(page.get_attribute("#page-fleet", "data-first-paint-ms") or "nan"))
             renders.append(float(page.get_attribute("#page-fleet", "data-render-ms") or "nan"))
@@ -584,11 +603,15 @@ def test_fleet_of_200_nodes_with_8_gpus_paints_fast_and_keeps_up(admin: Any, fle
                 .filter(e => e.name.includes('/api/v1/'))
                 .slice(0, 6).map(e => [new URL(e.name).pathname, Math.round(e.duration)]))"""
         )
-        page.wait_for_function("() => document.querySelector('#page-fleet').dataset.updates >= 15", timeout=60_000)
+        page.wait_for_function(
+            "() => document.querySelector('#page-fleet').dataset.updates >= 15", timeout=60_000
+        )
         updates = page.evaluate("performance.getEntriesByName('fleet-update').map(e => e.duration)")
         start_updates = int(page.get_attribute("#page-fleet", "data-updates") or 0)
         t0 = time.monotonic()
-        page.wait_for_function("n => document.querySelector('#page-fleet').dataset.updates >= n", arg=start_updates + 5)
+        page.wait_for_function(
+            "n => document.querySelector('#page-fleet').dataset.updates >= n", arg=start_updates + 5
+        )
         per_update_s = (time.monotonic() - t0) / 5
         figures = {
             "nodes": n_nodes,
@@ -622,7 +645,9 @@ def test_screenshots_for_the_docs(artifacts: Path) -> None:
     guide shows them; otherwise they must be there."""
     if os.environ.get("GSWARM_UPDATE_DOCS") != "1":
         missing = [name for name in DOCS_SCREENSHOTS.values() if not (DOCS / name).is_file()]
-        assert missing == [], f"{missing}: run `GSWARM_UPDATE_DOCS=1 pytest tests/integration/test_dashboard.py`"
+        assert missing == [], (
+            f"{missing}: run `GSWARM_UPDATE_DOCS=1 pytest tests/integration/test_dashboard.py`"
+        )
         return
     DOCS.mkdir(parents=True, exist_ok=True)
     for taken, name in DOCS_SCREENSHOTS.items():

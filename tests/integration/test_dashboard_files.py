@@ -14,7 +14,9 @@ from tests.harness.app import bearer
 STATIC = Path(__file__).resolve().parents[2] / "gswarm_web" / "dashboard" / "static"
 
 
-def test_the_page_and_its_modules_are_served_without_a_token_and_name_only_this_host(client: FlaskClient) -> None:
+def test_the_page_and_its_modules_are_served_without_a_token_and_name_only_this_host(
+    client: FlaskClient,
+) -> None:
     r = client.get("/")
     assert r.status_code == 200 and r.mimetype == "text/html"
     assert "default-src 'self'" in r.headers["Content-Security-Policy"]
@@ -30,7 +32,9 @@ def test_the_page_and_its_modules_are_served_without_a_token_and_name_only_this_
     assert client.get("/api/v1/nodes").status_code == 401  # the API still wants a token
 
 
-def test_tokens_self_tells_each_role_who_it_is(client: FlaskClient, admin_token: str, read_token: str) -> None:
+def test_tokens_self_tells_each_role_who_it_is(
+    client: FlaskClient, admin_token: str, read_token: str
+) -> None:
     r = client.get("/api/v1/tokens/self", headers=bearer(admin_token))
     assert r.status_code == 200 and r.get_json() == {"name": "test-admin", "role": "admin", "can_write": True}
     r = client.get("/api/v1/tokens/self", headers=bearer(read_token))
@@ -59,4 +63,6 @@ def test_swagger_ui_comes_from_the_package_with_its_version_and_licence(client: 
     for a in assets:
         assert client.get(a).status_code == 200, a
     vendor = STATIC / "vendor" / "swagger-ui"
-    assert "5.35.0" in (vendor / "VERSION").read_text() and "Apache License" in (vendor / "LICENSE").read_text()
+    assert (
+        "5.35.0" in (vendor / "VERSION").read_text() and "Apache License" in (vendor / "LICENSE").read_text()
+    )

@@ -79,7 +79,12 @@ def created(fleet: Fleet, body: dict) -> dict:
 
 def test_base64_chunk_lands_on_the_tier_and_equal_content_is_stored_once(fleet: Fleet) -> None:
     raw = os.urandom(100_000)
-    body = {"data": base64.b64encode(raw).decode(), "device": "node1:dram", "type": "input", "format": "bytes"}
+    body = {
+        "data": base64.b64encode(raw).decode(),
+        "device": "node1:dram",
+        "type": "input",
+        "format": "bytes",
+    }
     chunk = created(fleet, body)
     assert chunk["status"] == "available" and chunk["size"] == len(raw)
     assert chunk["metadata"]["created_by"] == "api:fleet"  # the name of the token that made it
@@ -88,9 +93,13 @@ def test_base64_chunk_lands_on_the_tier_and_equal_content_is_stored_once(fleet: 
     stored = fleet.dram("node1") / "data" / chunk["chunk_id"]
     assert stored.read_bytes() == raw
     again = created(fleet, {**body, "type": "intermediate", "metadata": {"who": "second"}})
-    assert again["deduplicated"] is True and again["chunk_id"] != chunk["chunk_id"]  # its own chunk, shared bytes
+    assert (
+        again["deduplicated"] is True and again["chunk_id"] != chunk["chunk_id"]
+    )  # its own chunk, shared bytes
     assert again["chunk_type"] == "intermediate" and again["metadata"]["who"] == "second"
-    assert chunk["chunk_type"] == "input" and "who" not in fleet.get(f"/data/{chunk['chunk_id']}")[1]["metadata"]
+    assert (
+        chunk["chunk_type"] == "input" and "who" not in fleet.get(f"/data/{chunk['chunk_id']}")[1]["metadata"]
+    )
     assert (fleet.dram("node1") / "data" / again["chunk_id"]).stat().st_ino == stored.stat().st_ino
     other_tier = created(fleet, {**body, "device": "node1:disk"})
     assert other_tier["deduplicated"] is False  # bytes are shared per device
@@ -174,10 +183,14 @@ def test_chunk_from_an_allowed_http_host(fleet: Fleet, web_root: tuple[Path, int
     root, port = web_root
     raw = os.urandom(300_000)
     (root / "in.bin").write_bytes(raw)
-    chunk = created(fleet, {"source": f"http://127.0.0.1:{port}/in.bin", "device": "node2:disk", "format": "bytes"})
+    chunk = created(
+        fleet, {"source": f"http://127.0.0.1:{port}/in.bin", "device": "node2:disk", "format": "bytes"}
+    )
     assert chunk["size"] == len(raw) and chunk["metadata"]["checksum"] == hashlib.sha256(raw).hexdigest()
     assert (fleet.storage("node2") / "data" / chunk["chunk_id"]).read_bytes() == raw
-    code, resp = fleet.post("/data", {"source": f"http://127.0.0.1:{port}/missing.bin", "device": "node2:disk"})
+    code, resp = fleet.post(
+        "/data", {"source": f"http://127.0.0.1:{port}/missing.bin", "device": "node2:disk"}
+    )
     assert code == 202
     task = fleet.wait_task(resp["task_id"])
     assert task["status"] == "failed" and task["error"]["code"] == "NOT_FOUND", task
@@ -273,9 +286,9 @@ def run_gc(fleet: Fleet) -> dict:
 
 def test_collector_removes_unreferenced_intermediates_only(fleet: Fleet) -> None:
     def make(kind: str, text: bytes) -> str:
-        return created(fleet, {"data": base64.b64encode(text).decode(), "device": "node1:disk", "type": kind})[
-            "chunk_id"
-        ]
+        return created(
+            fleet, {"data": base64.b64encode(text).decode(), "device": "node1:disk", "type": kind}
+        )["chunk_id"]
 
     loose = make("intermediate", b"scratch " + os.urandom(16))
     pinned = make("intermediate", b"pinned " + os.urandom(16))
@@ -303,7 +316,9 @@ def test_collector_removes_unreferenced_intermediates_only(fleet: Fleet) -> None
     for cid in (pinned, held, kept_input):
         assert fleet.get(f"/data/{cid}")[1]["status"] == "available"
     assert fleet.post(f"/workflows/{wf['id']}/cancel", {})[0] in (200, 202)
-    wait_for(lambda: run_gc(fleet) and fleet.get(f"/data/{held}")[0] == 404, 30, "the held chunk collected after")
+    wait_for(
+        lambda: run_gc(fleet) and fleet.get(f"/data/{held}")[0] == 404, 30, "the held chunk collected after"
+    )
     assert fleet.get(f"/data/{pinned}")[1]["status"] == "available"
 
 
@@ -337,10 +352,14 @@ def test_a_chunk_deleted_while_it_is_created_leaves_nothing(fleet: Fleet, web_ro
     root, port = web_root
     (root / "late.bin").write_bytes(os.urandom(10_000))
     GATE.clear()
-    code, resp = fleet.post("/data", {"source": f"http://127.0.0.1:{port}/gated/late.bin", "device": "node1:disk"})
+    code, resp = fleet.post(
+        "/data", {"source": f"http://127.0.0.1:{port}/gated/late.bin", "device": "node1:disk"}
+    )
     assert code == 202, resp
     cid = resp["chunk_id"]
-    wait_for(lambda: fleet.get(f"/queue/tasks/{resp['task_id']}")[1]["status"] == "running", 20, "the download")
+    wait_for(
+        lambda: fleet.get(f"/queue/tasks/{resp['task_id']}")[1]["status"] == "running", 20, "the download"
+    )
     code, deleted = fleet.api("DELETE", f"/data/{cid}")
     assert code == 202 and deleted == {"tasks": []}
     assert fleet.get(f"/data/{cid}")[1]["status"] == "deleting"

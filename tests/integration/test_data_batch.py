@@ -74,7 +74,11 @@ def message_of(task_id: str) -> dict[str, Any]:
 
 def test_a_batch_answers_every_id_in_order_and_stores_every_chunk(fleet: Fleet) -> None:
     raws = [os.urandom(100 + i) for i in range(12)]
-    body = {"chunks": [item(r, type="intermediate", format=f"f{i}", metadata={"i": i}) for i, r in enumerate(raws)]}
+    body = {
+        "chunks": [
+            item(r, type="intermediate", format=f"f{i}", metadata={"i": i}) for i, r in enumerate(raws)
+        ]
+    }
     code, resp = fleet.post("/data/batch", body)
     assert code == 202, resp
     out = resp["chunks"]
@@ -108,7 +112,9 @@ def test_equal_bytes_are_stored_once_within_a_batch_and_across(fleet: Fleet) -> 
     assert (path / a["chunk_id"]).stat().st_ino == (path / b["chunk_id"]).stat().st_ino
     code, again = fleet.post("/data/batch", {"chunks": [item(other), item(raw)]})
     assert code == 202, again
-    assert all(x["deduplicated"] and x["chunk_id"] not in (a["chunk_id"], c["chunk_id"]) for x in again["chunks"])
+    assert all(
+        x["deduplicated"] and x["chunk_id"] not in (a["chunk_id"], c["chunk_id"]) for x in again["chunks"]
+    )
     for x, want in zip(again["chunks"], (other, raw), strict=True):
         available(fleet, x["chunk_id"])
         assert (path / x["chunk_id"]).read_bytes() == want
@@ -129,7 +135,10 @@ def test_equal_bytes_are_stored_once_within_a_batch_and_across(fleet: Fleet) -> 
         ({"chunks": [item(b"ok"), {"device": "node1:dram"}]}, "chunks[1].data"),
         ({"chunks": [item(b"ok"), item(b"gpu", "node1:gpu0")]}, "chunks[1].device"),
         ({"chunks": [item(b"ok"), item(b"who", "node9:dram")]}, "chunks[1].device"),
-        ({"chunks": [item(b"ok"), {"source": "file:///etc/passwd", "device": "node1:dram"}]}, "chunks[1].source"),
+        (
+            {"chunks": [item(b"ok"), {"source": "file:///etc/passwd", "device": "node1:dram"}]},
+            "chunks[1].source",
+        ),
     ],
 )
 def test_a_refused_batch_names_the_field_and_creates_nothing(fleet: Fleet, body: dict, field: str) -> None:
@@ -156,7 +165,9 @@ def test_bytes_above_the_inline_size_wait_in_redis_not_in_the_message(fleet: Fle
     client = redis.Redis.from_url(fleet.redis_url)
     assert client.exists(names.chunk_bytes_key(big["chunk_id"])) == 0  # stored: the staged bytes are gone
     # in a batch, the small ones go together and the large one on its own
-    code, resp = fleet.post("/data/batch", {"chunks": [item(os.urandom(10)), item(os.urandom(4000)), item(b"z")]})
+    code, resp = fleet.post(
+        "/data/batch", {"chunks": [item(os.urandom(10)), item(os.urandom(4000)), item(b"z")]}
+    )
     assert code == 202, resp
     a, b, c = resp["chunks"]
     assert a["task_id"] == c["task_id"] != b["task_id"]
@@ -230,7 +241,9 @@ def test_a_batch_above_the_inline_size_waits_in_redis_under_one_key(fleet: Fleet
     assert len({o["task_id"] for o in out}) == 1  # still one operation
     kwargs = message_of(out[0]["task_id"])["kwargs"]
     key = names.chunk_batch_key(out[0]["chunk_id"])
-    assert "chunks" not in kwargs and kwargs["chunks_key"] == key  # neither the message nor the row holds bytes
+    assert (
+        "chunks" not in kwargs and kwargs["chunks_key"] == key
+    )  # neither the message nor the row holds bytes
     for o, raw in zip(out, raws, strict=True):
         c = available(fleet, o["chunk_id"])
         assert c["size"] == len(raw) and c["metadata"]["checksum"] == hashlib.sha256(raw).hexdigest()

@@ -84,11 +84,24 @@ def test_a_chunk_through_every_command(fleet: Fleet, cli: Cli, tmp_path: Path) -
     # create from a local file (inline base64)
     meta = '{"owner": "cli-test"}'
     r = ok(
-        cli("create", "--file", str(src), "--device", "node1:disk", "--format", "bytes", "--metadata", meta, "--json")
+        cli(
+            "create",
+            "--file",
+            str(src),
+            "--device",
+            "node1:disk",
+            "--format",
+            "bytes",
+            "--metadata",
+            meta,
+            "--json",
+        )
     )
     created = json.loads(r.out)
     cid = created["chunk_id"]
-    assert created["status"] == "available" and created["size"] == len(raw) and created["deduplicated"] is False
+    assert (
+        created["status"] == "available" and created["size"] == len(raw) and created["deduplicated"] is False
+    )
     assert created["task_id"]
     assert (fleet.storage("node1") / "data" / cid).read_bytes() == raw
 
@@ -194,12 +207,20 @@ def test_create_sources_dedup_and_refusals(fleet: Fleet, cli: Cli, tmp_path: Pat
     # --no-wait returns at once; the chunk becomes available by itself
     r = ok(
         cli(
-            "create", "--data-b64", base64.b64encode(b"later").decode(), "--device", "node2:dram", "--no-wait", "--json"
+            "create",
+            "--data-b64",
+            base64.b64encode(b"later").decode(),
+            "--device",
+            "node2:dram",
+            "--no-wait",
+            "--json",
         )
     )
     later = json.loads(r.out)
     assert later["task_id"] and later["deduplicated"] is False
-    wait_for(lambda: fleet.get(f"/data/{later['chunk_id']}")[1]["status"] == "available", 30, "the chunk stored")
+    wait_for(
+        lambda: fleet.get(f"/data/{later['chunk_id']}")[1]["status"] == "available", 30, "the chunk stored"
+    )
     assert (fleet.dram("node2") / "data" / later["chunk_id"]).read_bytes() == b"later"
 
     # refusals: exactly one source, a JSON object for metadata, the server's checks named by field

@@ -146,7 +146,9 @@ def test_multi_stage_pipeline_merges_results_from_two_nodes(fleet: Fleet, model_
         assert read["metadata"]["access_count"] >= 1, read
 
 
-def test_health_check_and_inference_reach_a_replica_by_its_url_and_nothing_else(fleet: Fleet, model_dir: Path) -> None:
+def test_health_check_and_inference_reach_a_replica_by_its_url_and_nothing_else(
+    fleet: Fleet, model_dir: Path
+) -> None:
     """A literal URL is allowed when it is a replica the control plane knows (what `${serve.service_url}` resolves
     to); any other URL is refused at submission naming the field, and reaches nothing."""
     from tests.harness.hostile import Recorder

@@ -53,7 +53,9 @@ def connect(url: str, tok: str | None = None, first: dict[str, Any] | None = Non
     return ws
 
 
-def receive_until(ws: websocket.WebSocket, want: Callable[[dict[str, Any]], bool], timeout: float = 30) -> Any:
+def receive_until(
+    ws: websocket.WebSocket, want: Callable[[dict[str, Any]], bool], timeout: float = 30
+) -> Any:
     """(the first message `want` accepts, when it arrived)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -71,7 +73,9 @@ def noop(aid: str, *deps: str, **kw: Any) -> dict[str, Any]:
 def test_a_steps_status_change_arrives_within_a_second(fleet: Fleet, ws_url: str) -> None:
     ws = connect(ws_url, fleet.token)
     try:
-        code, wf = fleet.post("/workflows", {"name": "events", "actions": [noop("a", duration_s=1.5), noop("b", "a")]})
+        code, wf = fleet.post(
+            "/workflows", {"name": "events", "actions": [noop("a", duration_s=1.5), noop("b", "a")]}
+        )
         assert code == 201, wf
         msg, _ = receive_until(ws, lambda m: m["type"] == "workflow" and m["id"] == wf["id"])
         assert msg["status"] == "running"
@@ -150,11 +154,15 @@ def test_a_node_a_model_and_a_profiler_session_are_events(fleet: Fleet, ws_url: 
 def gunicorn(fleet: Fleet) -> Iterator[str]:
     """The API under gunicorn with the very command line `gswarm up` runs (gevent workers)."""
     port = free_port()
-    web = next(s for s in control_plane_specs(fleet.settings, fleet.env, "127.0.0.1", port) if s.name == "web")
+    web = next(
+        s for s in control_plane_specs(fleet.settings, fleet.env, "127.0.0.1", port) if s.name == "web"
+    )
     proc = Proc("web-events", list(web.argv), fleet.env, fleet.tmp / "logs").start()
     base = f"127.0.0.1:{port}"
     try:
-        wait_for(lambda: requests.get(f"http://{base}/api/v1/health", timeout=2).status_code == 200, 60, "the API")
+        wait_for(
+            lambda: requests.get(f"http://{base}/api/v1/health", timeout=2).status_code == 200, 60, "the API"
+        )
         yield base
     finally:
         proc.stop()
@@ -183,7 +191,9 @@ def test_the_stream_works_under_gunicorn_gevent_workers(fleet: Fleet, gunicorn: 
 
 def test_the_stream_works_through_the_repos_nginx_config(fleet: Fleet, gunicorn: str, tmp_path: Path) -> None:
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    assert Path(nginx).exists(), "nginx is not installed (apt-get install nginx-light; make bench installs it)"
+    assert Path(nginx).exists(), (
+        "nginx is not installed (apt-get install nginx-light; make bench installs it)"
+    )
     port = free_port()
     conf = nginx_conf(tmp_path, port, gunicorn)
     assert "location = /api/v1/events" in conf.read_text(), (
@@ -205,7 +215,9 @@ def test_upgrades_without_a_token_are_dropped_fast_and_bounded(fleet: Fleet, ws_
     silent = [websocket.create_connection(ws_url, timeout=10) for _ in range(MAX_UNAUTHENTICATED)]
     t0 = time.monotonic()
     try:
-        with pytest.raises(websocket.WebSocketBadStatusException) as exc:  # one more: refused before the upgrade
+        with pytest.raises(
+            websocket.WebSocketBadStatusException
+        ) as exc:  # one more: refused before the upgrade
             websocket.create_connection(ws_url, timeout=10)
         assert exc.value.status_code == 401 and "wait for their token" in exc.value.resp_body.decode()
         assert connect(ws_url, token(fleet, "read-only")) is not None  # a token on the upgrade still gets in

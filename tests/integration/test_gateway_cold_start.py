@@ -115,7 +115,10 @@ def _burst(fleet: Fleet, url: str, model: str, n: int) -> tuple[list[Answer], li
     def call(_: int) -> Answer:
         t0 = time.monotonic()
         r = requests.post(
-            f"{url}/v1/embeddings", json={"model": model, "input": ["cold"]}, headers=bearer(fleet.token), timeout=180
+            f"{url}/v1/embeddings",
+            json={"model": model, "input": ["cold"]},
+            headers=bearer(fleet.token),
+            timeout=180,
         )
         done = time.monotonic()
         return Answer(r.status_code, done - t0, done, dict(r.headers), r.json())
@@ -140,17 +143,24 @@ def _check(answers: list[Answer], health: list[float], running_at: float, most: 
     assert 1 <= len(waited) <= most, [(a.status, round(a.seconds, 2)) for a in answers]
     for a in refused:
         assert a.status == 503 and a.headers["Retry-After"] == "5", (a.status, a.body)
-        assert a.body["error"]["code"] == "RESOURCE_UNAVAILABLE" and a.body["error"]["details"]["field"] == "model"
+        assert (
+            a.body["error"]["code"] == "RESOURCE_UNAVAILABLE"
+            and a.body["error"]["details"]["field"] == "model"
+        )
         assert a.seconds < 2.0, f"a refused request took {a.seconds:.2f} s"
     for a in waited:
         assert a.headers["X-Gswarm-Replica"] and len(a.body["data"][0]["embedding"]) == 384
-        assert a.done_at >= running_at - 1.0  # answered once the replica was up (seen within the watch's period)
+        assert (
+            a.done_at >= running_at - 1.0
+        )  # answered once the replica was up (seen within the watch's period)
     return waited
 
 
 def test_gswarm_ups_web_server_bounds_waiters_and_keeps_answering_health(fleet: Fleet) -> None:
     port = _free_port()
-    argv = next(s for s in control_plane_specs(fleet.settings, fleet.env, "127.0.0.1", port) if s.name == "web").argv
+    argv = next(
+        s for s in control_plane_specs(fleet.settings, fleet.env, "127.0.0.1", port) if s.name == "web"
+    ).argv
     url = _api(fleet, "api-up", list(argv), port)
     answers, health, running_at = _burst(fleet, url, "cold-up", BOUND)
     waited = _check(answers, health, running_at, _most_waiting(list(argv)))

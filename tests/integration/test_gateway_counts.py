@@ -76,7 +76,9 @@ def gateway(fleet_env: dict[str, str], home: Path) -> Iterator[dict[str, Any]]:
     replica = Replica()
     threading.Thread(target=replica.serve_forever, daemon=True).start()
     env = {**fleet_env, "GSWARM_HEARTBEAT_TIMEOUT": "3600"}  # the node row written below stays fresh
-    settings = make_settings(home, **{k: v for k, v in env.items() if k.startswith("GSWARM_") and k != "GSWARM_HOME"})
+    settings = make_settings(
+        home, **{k: v for k, v in env.items() if k.startswith("GSWARM_") and k != "GSWARM_HOME"}
+    )
     app = build_app(settings)
     rid = str(uuid.uuid4())
     with app.app_context():
@@ -102,7 +104,9 @@ def gateway(fleet_env: dict[str, str], home: Path) -> Iterator[dict[str, Any]]:
     proc = Proc("web", list(web.argv), env, home / "logs").start()
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: requests.get(f"{url}/api/v1/health", timeout=2).status_code in (200, 503), 90, "the API")
+        wait_for(
+            lambda: requests.get(f"{url}/api/v1/health", timeout=2).status_code in (200, 503), 90, "the API"
+        )
         client = redis.Redis.from_url(env["GSWARM_REDIS_URL"])
         yield {"url": url, "token": token, "admin": admin, "replica": replica, "rid": rid, "redis": client}
     finally:
@@ -129,7 +133,9 @@ def _requests_total(gateway: dict[str, Any]) -> dict[str, float]:
     return {s.labels["code"]: s.value for s in family.samples if s.labels.get("replica") == gateway["rid"]}
 
 
-def test_counts_return_to_zero_after_a_keep_alive_burst_over_reused_connections(gateway: dict[str, Any]) -> None:
+def test_counts_return_to_zero_after_a_keep_alive_burst_over_reused_connections(
+    gateway: dict[str, Any],
+) -> None:
     assert _requests_total(gateway) == {"200": 0}  # a fresh replica has its series before its first answer
     answers: list[tuple[int, str]] = []
 
@@ -180,6 +186,10 @@ def test_a_killed_web_process_leaves_no_count_behind(gateway: dict[str, Any]) ->
     t.join(60)
     assert failed  # the client lost its answer with its web process
     assert _live(client_, rid)[0] == 1  # the count stays until the process's lease runs out
-    wait_for(lambda: live.heal(client_) >= 0 and _live(client_, rid)[0] == 0, live.LEASE_S + 15, "counts taken back")
+    wait_for(
+        lambda: live.heal(client_) >= 0 and _live(client_, rid)[0] == 0,
+        live.LEASE_S + 15,
+        "counts taken back",
+    )
     assert owner.encode() not in client_.smembers(names.SERVE_PROCS_KEY)
     assert not client_.exists(names.SERVE_PROC_PREFIX + owner)

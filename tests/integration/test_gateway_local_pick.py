@@ -28,10 +28,14 @@ def in_redis(client: redis.Redis, replica: str) -> int:
 
 def finish(share: live.Share, replica: str) -> None:
     """A request of `replica` answered: its count-out joins the share's outbox."""
-    share.count_out([stats_key(replica), names.SERVE_LIVE_KEY, share.key], [f"r:{replica}", *Outcome(200, 0.01).args()])
+    share.count_out(
+        [stats_key(replica), names.SERVE_LIVE_KEY, share.key], [f"r:{replica}", *Outcome(200, 0.01).args()]
+    )
 
 
-def test_a_fresh_read_picks_the_replica_with_fewest_in_the_whole_gateway_without_a_round_trip(redis_url: str) -> None:
+def test_a_fresh_read_picks_the_replica_with_fewest_in_the_whole_gateway_without_a_round_trip(
+    redis_url: str,
+) -> None:
     client = redis.Redis.from_url(redis_url)
     a, b = share(client), share(client)
     assert a.pick_local("m", "least_requests", [X, Y]) is None  # nothing read yet: the script decides

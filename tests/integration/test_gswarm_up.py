@@ -29,7 +29,14 @@ def assert_private(home: Path) -> None:
         want = 0o700 if path.is_dir() else 0o600
         assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == want, f"{path}: {oct(st.st_mode & 0o777)}"
         found.append(path.relative_to(home).as_posix())
-    for part in ("gswarm.db", "token", "redis.password", "redis/redis.conf", "logs/web.log", "storage/upnode"):
+    for part in (
+        "gswarm.db",
+        "token",
+        "redis.password",
+        "redis/redis.conf",
+        "logs/web.log",
+        "storage/upnode",
+    ):
         assert part in found, (part, found)
     assert any(p.startswith("redis/appendonly") for p in found), found  # the AOF
 
@@ -54,7 +61,10 @@ def test_gswarm_up_comes_up_healthy_and_stops_clean(tmp_path: Path) -> None:
     env.update(GSWARM_HOME=str(home), GSWARM_HEARTBEAT_INTERVAL="1", PYTHONUNBUFFERED="1")
     gswarm = str(Path(sys.executable).with_name("gswarm"))
     up = Proc(
-        "up", [gswarm, "up", "--port", str(port), "--redis-port", str(rport), "--node", "upnode"], env, tmp_path
+        "up",
+        [gswarm, "up", "--port", str(port), "--redis-port", str(rport), "--node", "upnode"],
+        env,
+        tmp_path,
     ).start()
     try:
         api = f"http://127.0.0.1:{port}/api/v1"
@@ -81,7 +91,9 @@ def test_gswarm_up_comes_up_healthy_and_stops_clean(tmp_path: Path) -> None:
         assert len(password) >= 32
         assert f"http://127.0.0.1:{port}/api/v1/docs" in out and f"redis://:***@127.0.0.1:{rport}/0" in out
         assert f'gswarm client connect 127.0.0.1:{rport} --token "$(cat {home / "redis.password"})"' in out
-        assert password not in out  # the broker's password is a root credential of the fleet: only its file is shown
+        assert (
+            password not in out
+        )  # the broker's password is a root credential of the fleet: only its file is shown
         assert str(home / "token") in out
         # Redis access is running tasks on nodes: the embedded Redis refuses a client without the password.
         with pytest.raises(redis.AuthenticationError):
@@ -99,19 +111,29 @@ def test_gswarm_up_comes_up_healthy_and_stops_clean(tmp_path: Path) -> None:
 
         # The CLI reads the token from $GSWARM_HOME/token and talks to GSWARM_API_URL.
         cli_env = {**env, "GSWARM_API_URL": f"http://127.0.0.1:{port}"}
-        out = subprocess.run([gswarm, "nodes", "--json"], env=cli_env, capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [gswarm, "nodes", "--json"], env=cli_env, capture_output=True, text=True, timeout=30
+        )
         assert out.returncode == 0, out.stderr
         assert [n["name"] for n in json.loads(out.stdout)["nodes"]] == ["upnode"]
         out = subprocess.run([gswarm, "health"], env=cli_env, capture_output=True, text=True, timeout=30)
         assert out.returncode == 0 and "healthy" in out.stdout
         # this host runs upnode: `node status` without a name is it, and `host status` shows what up runs
-        out = subprocess.run([gswarm, "node", "status"], env=cli_env, capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [gswarm, "node", "status"], env=cli_env, capture_output=True, text=True, timeout=30
+        )
         assert out.returncode == 0 and "upnode healthy" in out.stdout, out
-        out = subprocess.run([gswarm, "host", "status"], env=cli_env, capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [gswarm, "host", "status"], env=cli_env, capture_output=True, text=True, timeout=30
+        )
         assert out.returncode == 0 and f"pid {up.pid}" in out.stdout and "upnode" in out.stdout, out
         # A bad token: the server's message on one line, no traceback.
         out = subprocess.run(
-            [gswarm, "nodes"], env={**cli_env, "GSWARM_TOKEN": "nope"}, capture_output=True, text=True, timeout=30
+            [gswarm, "nodes"],
+            env={**cli_env, "GSWARM_TOKEN": "nope"},
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         assert out.returncode == 1
         assert "UNAUTHORIZED" in out.stderr and "not valid" in out.stderr and "Traceback" not in out.stderr
@@ -125,7 +147,9 @@ def test_gswarm_up_comes_up_healthy_and_stops_clean(tmp_path: Path) -> None:
         proc = up.proc
         assert proc is not None
         try:
-            wait_for(lambda: proc.poll() is not None and not alive_after_stop(up, children), 5.0, "an empty group")
+            wait_for(
+                lambda: proc.poll() is not None and not alive_after_stop(up, children), 5.0, "an empty group"
+            )
         except AssertionError:
             raise AssertionError(f"alive 5 s after SIGTERM: {alive_after_stop(up, children)}") from None
         assert proc.returncode == 0
@@ -137,9 +161,13 @@ def test_host_start_runs_the_control_plane_only(tmp_path: Path, redis_url: str, 
     home = tmp_path / "head"
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GSWARM_")}
-    env.update(GSWARM_HOME=str(home), GSWARM_REDIS_URL=redis_url, GSWARM_DATABASE_URL=pg_url, PYTHONUNBUFFERED="1")
+    env.update(
+        GSWARM_HOME=str(home), GSWARM_REDIS_URL=redis_url, GSWARM_DATABASE_URL=pg_url, PYTHONUNBUFFERED="1"
+    )
     gswarm = str(Path(sys.executable).with_name("gswarm"))
-    head = Proc("head", [gswarm, "host", "start", "--http-port", str(port), "--model-port", "0"], env, tmp_path).start()
+    head = Proc(
+        "head", [gswarm, "host", "start", "--http-port", str(port), "--model-port", "0"], env, tmp_path
+    ).start()
     try:
         api = f"http://127.0.0.1:{port}/api/v1"
         health = wait_for(

@@ -44,7 +44,9 @@ def test_json_nested_10000_deep_gets_400_everywhere(fleet: Fleet) -> None:
     for path in ("/workflows", "/workflows/validate", "/data", "/models", "/data/batch", "/services"):
         code, body = fleet.api("POST", path, data=deep, content_type="application/json")
         assert code == 400, (path, code, body)
-        assert body["error"]["code"] == "INVALID_REQUEST" and body["error"]["details"]["field"] == "body", body
+        assert body["error"]["code"] == "INVALID_REQUEST" and body["error"]["details"]["field"] == "body", (
+            body
+        )
         assert "nested deeper than 64" in body["error"]["message"]
     assert (count(fleet, "/workflows"), count(fleet, "/data")) == before
 
@@ -97,11 +99,16 @@ def test_a_node_handed_the_ssrf_url_directly_refuses_it(fleet: Fleet, internal: 
     assert internal.hits == []
 
 
-def test_workflow_urls_outside_the_allowlists_are_refused_at_submission(fleet: Fleet, internal: Recorder) -> None:
+def test_workflow_urls_outside_the_allowlists_are_refused_at_submission(
+    fleet: Fleet, internal: Recorder
+) -> None:
     here = f"http://127.0.0.1:{internal.port}"
     before = count(fleet, "/workflows")
     cases = [
-        ({"action_id": "h", "action_type": "health_check", "target_url": f"{here}/health"}, "actions[h].target_url"),
+        (
+            {"action_id": "h", "action_type": "health_check", "target_url": f"{here}/health"},
+            "actions[h].target_url",
+        ),
         (
             {"action_id": "h", "action_type": "health_check", "target_url": "http://169.254.169.254/"},
             "actions[h].target_url",

@@ -32,7 +32,9 @@ def _queued_chunk_create(fleet: Fleet, device: str = "node1:disk") -> tuple[str,
     from gswarm_web.tables import DataChunk, TaskRecord
 
     chunk_id, op_id = str(uuid.uuid4()), str(uuid.uuid4())
-    db.session.add(DataChunk(id=chunk_id, status="queued", chunk_type="input", meta={}, created_at=datetime.now(UTC)))
+    db.session.add(
+        DataChunk(id=chunk_id, status="queued", chunk_type="input", meta={}, created_at=datetime.now(UTC))
+    )
     db.session.add(
         TaskRecord(
             id=op_id,
@@ -65,7 +67,11 @@ def test_reports_reversed_and_duplicated_apply_once_in_order(fleet: Fleet) -> No
     client = redis.Redis.from_url(fleet.redis_url)
     chunk_id, op_id = _queued_chunk_create(fleet)
     events = [("started", {"attempt": 1}), ("phase", {"phase": "creating"}), ("succeeded", _landed(chunk_id))]
-    for event, data in [*reversed(events), *events, events[-1]]:  # reversed, then again, then the end twice more
+    for event, data in [
+        *reversed(events),
+        *events,
+        events[-1],
+    ]:  # reversed, then again, then the end twice more
         report(client, names.REPORT_OPERATION, op_id, event, data)
     task = fleet.wait_task(op_id, 30, states=("succeeded",))
     assert task["status"] == "succeeded" and task["result"]["device"] == "node1:disk"
@@ -75,14 +81,20 @@ def test_reports_reversed_and_duplicated_apply_once_in_order(fleet: Fleet) -> No
     chunk = fleet.get(f"/data/{chunk_id}")[1]
     assert chunk["status"] == "available"
     assert [loc["device"] for loc in chunk["locations"]] == ["node1:disk"]
-    assert fleet.get(f"/queue/tasks/{op_id}")[1]["status"] == "succeeded"  # the late `started` moved nothing back
+    assert (
+        fleet.get(f"/queue/tasks/{op_id}")[1]["status"] == "succeeded"
+    )  # the late `started` moved nothing back
 
 
 def test_a_failed_operation_stays_failed_and_a_late_phase_changes_nothing(fleet: Fleet) -> None:
     client = redis.Redis.from_url(fleet.redis_url)
     chunk_id, op_id = _queued_chunk_create(fleet)
     error = {"code": "NETWORK_ERROR", "message": "source went away", "details": {}}
-    for event, data in [("started", {"attempt": 1}), ("failed", {"error": error}), ("phase", {"phase": "creating"})]:
+    for event, data in [
+        ("started", {"attempt": 1}),
+        ("failed", {"error": error}),
+        ("phase", {"phase": "creating"}),
+    ]:
         report(client, names.REPORT_OPERATION, op_id, event, data)
     task = fleet.wait_task(op_id, 30, states=("failed",))
     wait_for(lambda: _pending(client) == 0, 30, "the intake to apply every report")
@@ -101,7 +113,9 @@ def test_a_report_that_cannot_be_applied_is_kept_aside_and_the_rest_go_on(fleet:
     good_chunk, good_op = _queued_chunk_create(fleet)
     report(client, names.REPORT_OPERATION, good_op, "succeeded", _landed(good_chunk))
     fleet.wait_task(good_op, 30, states=("succeeded",))
-    wait_for(lambda: client.xlen(names.DEAD_REPORTS_STREAM) > dead_before, 30, "the bad report to be kept aside")
+    wait_for(
+        lambda: client.xlen(names.DEAD_REPORTS_STREAM) > dead_before, 30, "the bad report to be kept aside"
+    )
     dead = json.loads(client.xrange(names.DEAD_REPORTS_STREAM)[-1][1][b"event"])
     assert dead["id"] == op_id and dead["event"] == "succeeded"
     assert fleet.get(f"/queue/tasks/{op_id}")[1]["status"] == "queued"  # nothing of it was recorded

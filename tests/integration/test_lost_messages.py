@@ -16,7 +16,10 @@ from gswarm_tasks import names
 from tests.harness.fleet import Fleet, running_fleet
 from tests.harness.procs import wait_for
 
-QUEUE_KEYS = ["node1", *(f"node1:{p}" for p in names.PRIORITY_STEPS if p)]  # kombu's lists of node1's priorities
+QUEUE_KEYS = [
+    "node1",
+    *(f"node1:{p}" for p in names.PRIORITY_STEPS if p),
+]  # kombu's lists of node1's priorities
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +98,9 @@ def test_a_message_waiting_in_a_busy_queue_is_never_sent_twice(fleet: Fleet) -> 
     consume(fleet, True)
     task = fleet.wait_task(task_id, 60)
     assert task["status"] == "succeeded", task
-    assert client.get(names.deliveries_key(task_id, 0)) == b"1" and sum(client.llen(k) for k in QUEUE_KEYS) == 0
+    assert (
+        client.get(names.deliveries_key(task_id, 0)) == b"1" and sum(client.llen(k) for k in QUEUE_KEYS) == 0
+    )
     assert fleet.get(f"/data/{chunk_id}")[1]["status"] == "available"
 
 

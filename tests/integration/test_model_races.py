@@ -33,7 +33,9 @@ def model_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module", params=["postgres", "sqlite"])
-def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_src: Path) -> Iterator[Fleet]:
+def fleet(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_src: Path
+) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp(f"races-{request.param}")
     env = {"GSWARM_MODELS_ALLOWED_ROOTS": str(model_src.parent)}
     if request.param == "sqlite":
@@ -96,7 +98,9 @@ def test_a_delete_while_copying_is_refused_and_a_copy_never_lands_on_a_deleted_t
         fleet.wait_task(r.json()["task_id"])
     wait_for(lambda: "node1:dram" in fleet.get("/models/many")[1]["locations"], 30, "the dram copy recorded")
     d = call(fleet, "DELETE", "/models/many?device=node1:dram")
-    assert d.status_code == 202 and [t["target_device"] or t["source_device"] for t in d.json()] == ["node1:dram"]
+    assert d.status_code == 202 and [t["target_device"] or t["source_device"] for t in d.json()] == [
+        "node1:dram"
+    ]
     fleet.wait_task(d.json()[0]["task_id"])
     location_gone(fleet, "node1:dram")
     model = fleet.get("/models/many")[1]
@@ -120,7 +124,12 @@ def test_two_copy_actions_of_one_workflow_to_one_target_take_turns(fleet: Fleet,
     if "node2:dram" in fleet.get("/models/many")[1]["locations"]:
         fleet.wait_task(call(fleet, "DELETE", "/models/many/locations/node2:dram").json()["task_id"])
         location_gone(fleet, "node2:dram")
-    copy = {"action_type": "copy", "model_name": "many", "source_device": "node1:disk", "target_device": "node2:dram"}
+    copy = {
+        "action_type": "copy",
+        "model_name": "many",
+        "source_device": "node1:disk",
+        "target_device": "node2:dram",
+    }
     doc = {"name": "twice", "actions": [{"action_id": "a", **copy}, {"action_id": "b", **copy}]}
     code, wf = fleet.post("/workflows", doc)
     assert code == 201, wf

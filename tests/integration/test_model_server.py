@@ -48,7 +48,9 @@ class Server:
             argv += ["--key-file", str(log_dir / f"{name}.key")]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                argv, cwd=ROOT, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL
+            )
         self.started = time.monotonic()
 
     def logs(self) -> str:
@@ -109,7 +111,9 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(Path(gt_minilm.get_model_path()), "minilm", tmp_path_factory.mktemp("model-server"), key=True)
+    server = Server(
+        Path(gt_minilm.get_model_path()), "minilm", tmp_path_factory.mktemp("model-server"), key=True
+    )
     try:
         ready_s = server.wait_ready()
         print(f"model server ready after {ready_s:.1f} s")
@@ -140,7 +144,11 @@ def test_only_the_service_key_opens_the_model_and_health_stays_open(minilm: Serv
 
 
 def test_embeddings_are_openai_shaped_and_meaningful(minilm: Server) -> None:
-    texts = ["A man is playing a guitar.", "Someone plays the guitar.", "The stock market fell sharply today."]
+    texts = [
+        "A man is playing a guitar.",
+        "Someone plays the guitar.",
+        "The stock market fell sharply today.",
+    ]
     status, body = call(minilm.url + "/v1/embeddings", {"input": texts, "model": "minilm"})
     assert status == 200, body
     assert body["object"] == "list" and body["model"] == "minilm"
@@ -167,12 +175,18 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(minilm: Serv
     """Requests waiting on one another are encoded together; each answer holds exactly its own inputs' vectors."""
     from concurrent.futures import ThreadPoolExecutor
 
-    texts = [f"sentence number {i} about {topic}" for i, topic in enumerate(["guitars", "markets", "rain"] * 8)]
-    alone = {t: call(minilm.url + "/v1/embeddings", {"input": [t]})[1]["data"][0]["embedding"] for t in texts[:3]}
+    texts = [
+        f"sentence number {i} about {topic}" for i, topic in enumerate(["guitars", "markets", "rain"] * 8)
+    ]
+    alone = {
+        t: call(minilm.url + "/v1/embeddings", {"input": [t]})[1]["data"][0]["embedding"] for t in texts[:3]
+    }
     requests_ = [texts[i : i + 1 + i % 3] for i in range(len(texts))]  # one to three inputs each
     passes = call(minilm.url + "/health")[1]["embedding_passes"]
     with ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(lambda inputs: call(minilm.url + "/v1/embeddings", {"input": inputs}), requests_))
+        answers = list(
+            pool.map(lambda inputs: call(minilm.url + "/v1/embeddings", {"input": inputs}), requests_)
+        )
     assert call(minilm.url + "/health")[1]["embedding_passes"] - passes < len(requests_)  # some went together
     for inputs, (status, body) in zip(requests_, answers, strict=True):
         assert status == 200, body
@@ -182,10 +196,14 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(minilm: Serv
             if text in alone:
                 assert cosine(row["embedding"], alone[text]) > 0.9999, text
     # the same text in different requests gets the same vector, whatever it was batched with
-    firsts = [(inputs[0], body["data"][0]["embedding"]) for inputs, (_, body) in zip(requests_, answers, strict=True)]
+    firsts = [
+        (inputs[0], body["data"][0]["embedding"])
+        for inputs, (_, body) in zip(requests_, answers, strict=True)
+    ]
     seen: dict[str, list[float]] = {}
     for text, vec in firsts + [
-        (inputs[-1], body["data"][-1]["embedding"]) for inputs, (_, body) in zip(requests_, answers, strict=True)
+        (inputs[-1], body["data"][-1]["embedding"])
+        for inputs, (_, body) in zip(requests_, answers, strict=True)
     ]:
         if text in seen:
             assert cosine(seen[text], vec) > 0.9999, text
@@ -205,7 +223,17 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(minilm: Serv
         {"input": "ok", "encoding_format": "int8"},
         [1, 2],
     ],
-    ids=["missing", "empty-str", "empty-list", "number", "mixed", "empty-item", "too-many", "bad-format", "not-obj"],
+    ids=[
+        "missing",
+        "empty-str",
+        "empty-list",
+        "number",
+        "mixed",
+        "empty-item",
+        "too-many",
+        "bad-format",
+        "not-obj",
+    ],
 )
 def test_bad_embedding_requests_are_4xx(minilm: Server, body: Any) -> None:
     status, resp = call(minilm.url + "/v1/embeddings", body)
@@ -219,7 +247,9 @@ def test_malformed_json_and_unknown_routes(minilm: Server) -> None:
     assert_error(*call(minilm.url + "/v1/nothing-here"), 404, "NOT_FOUND")
     err = assert_error(*call(minilm.url + "/health", method="DELETE"), 405, "INVALID_REQUEST")
     assert "GET" in err["details"]["allowed_methods"]
-    assert_error(*call(minilm.url + "/v1/embeddings", {"input": "x", "model": "other"}), 404, "MODEL_NOT_FOUND")
+    assert_error(
+        *call(minilm.url + "/v1/embeddings", {"input": "x", "model": "other"}), 404, "MODEL_NOT_FOUND"
+    )
 
 
 def test_completions_on_an_embedding_model_is_404(minilm: Server) -> None:
@@ -233,7 +263,13 @@ def test_missing_cuda_device_is_refused(tmp_path: Path) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("this host has CUDA")
-    argv = [sys.executable, "-m", "gswarm_tasks.serving.model_server", "--model-path", str(gt_minilm.get_model_path())]
+    argv = [
+        sys.executable,
+        "-m",
+        "gswarm_tasks.serving.model_server",
+        "--model-path",
+        str(gt_minilm.get_model_path()),
+    ]
     argv += ["--model-name", "minilm", "--port", str(free_port()), "--device", "cuda:0"]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
@@ -274,16 +310,25 @@ def test_tiny_causal_lm_completes_then_sigterm_frees_the_port(tmp_path: Path) ->
         assert status == 200, body
         assert body["object"] == "text_completion" and body["model"] == "tiny" and body["id"]
         assert [c["index"] for c in body["choices"]] == [0, 1]
-        assert all(isinstance(c["text"], str) and c["finish_reason"] in ("stop", "length") for c in body["choices"])
-        assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
-        assert_error(*call(server.url + "/v1/completions", {"prompt": "x", "max_tokens": -1}), 422, "INVALID_REQUEST")
+        assert all(
+            isinstance(c["text"], str) and c["finish_reason"] in ("stop", "length") for c in body["choices"]
+        )
+        assert (
+            body["usage"]["total_tokens"]
+            == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+        )
+        assert_error(
+            *call(server.url + "/v1/completions", {"prompt": "x", "max_tokens": -1}), 422, "INVALID_REQUEST"
+        )
         assert_error(*call(server.url + "/v1/embeddings", {"input": "x"}), 404, "NOT_FOUND")
 
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=15) == 0, server.logs()
     finally:
         server.stop()
-    with socket.socket() as s:  # SO_REUSEADDR as any server sets it: only a live listener would make bind fail
+    with (
+        socket.socket() as s
+    ):  # SO_REUSEADDR as any server sets it: only a live listener would make bind fail
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", server.port))
         s.listen()
@@ -313,7 +358,9 @@ def test_chat_and_streams_with_the_openai_client(tmp_path: Path) -> None:
         done = client.completions.create(model="tiny", prompt="a b c", max_tokens=6, temperature=0)
         streamed = "".join(
             c.choices[0].text
-            for c in client.completions.create(model="tiny", prompt="a b c", max_tokens=6, temperature=0, stream=True)
+            for c in client.completions.create(
+                model="tiny", prompt="a b c", max_tokens=6, temperature=0, stream=True
+            )
         )
         assert streamed == done.choices[0].text
         bad = call(server.url + "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]})
@@ -334,7 +381,9 @@ def test_inputs_are_bounded_in_characters_and_a_long_one_does_not_hold_the_repli
     err = assert_error(status, body, 422, "INVALID_REQUEST")
     assert err["details"]["max_request_chars"] == MAX_REQUEST_CHARS
     host, port = minilm.url.removeprefix("http://").rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as s:  # a 60 MiB body: refused from its length
+    with socket.create_connection(
+        (host, int(port)), timeout=10
+    ) as s:  # a 60 MiB body: refused from its length
         s.sendall(f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n{KEY_HEADER}: {KEY}\r\nContent-Type: "
                   f"application/json\r\nContent-Length: {60 << 20}\r\n\r\n".encode())  # fmt: skip
         assert s.recv(4096).startswith(b"HTTP/1.1 413")

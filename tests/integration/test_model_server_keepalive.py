@@ -28,7 +28,9 @@ IDLE_S = 1.0
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     where = tmp_path_factory.mktemp("keepalive")
-    server = Server(Path(gt_minilm.get_model_path()), "minilm", where, "--keep-alive-s", str(IDLE_S), key=True)
+    server = Server(
+        Path(gt_minilm.get_model_path()), "minilm", where, "--keep-alive-s", str(IDLE_S), key=True
+    )
     try:
         server.wait_ready()
         yield server
@@ -60,7 +62,12 @@ def test_answers_and_errors_share_one_connection_and_unread_bodies_are_skipped(m
     asked = [
         ("POST", "/v1/embeddings", {"input": ["hello"]}, 200),
         ("POST", "/v1/embeddings", {"input": []}, 422),  # an error answer keeps the connection too
-        ("POST", "/nowhere", b"x" * 50_000, 404),  # a body the server never reads: skipped before the next request
+        (
+            "POST",
+            "/nowhere",
+            b"x" * 50_000,
+            404,
+        ),  # a body the server never reads: skipped before the next request
         ("GET", "/v1/models", None, 200),
         ("POST", "/v1/embeddings", {"input": ["again", "twice"]}, 200),
     ]
@@ -88,7 +95,9 @@ def test_the_gateways_pool_reuses_connections_to_the_server(minilm: Server) -> N
 
     def client() -> None:
         for i in range(10):
-            resp = http.request("POST", url, body=json.dumps({"input": [f"more {i}"]}).encode(), headers=headers)
+            resp = http.request(
+                "POST", url, body=json.dumps({"input": [f"more {i}"]}).encode(), headers=headers
+            )
             if resp.status != 200:
                 failures.append(str(resp.data))
 
@@ -128,7 +137,9 @@ def test_an_idle_connection_is_closed_after_the_timeout(minilm: Server) -> None:
     conn.close()
 
 
-def test_streams_are_chunked_on_a_kept_connection_and_sigterm_does_not_wait_for_idle_ones(tmp_path: Path) -> None:
+def test_streams_are_chunked_on_a_kept_connection_and_sigterm_does_not_wait_for_idle_ones(
+    tmp_path: Path,
+) -> None:
     server = Server(tiny_lm(tmp_path), "tiny", tmp_path, "--keep-alive-s", "60", key=True)
     try:
         server.wait_ready()

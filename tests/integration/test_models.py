@@ -49,7 +49,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, hf: HfTestServer, model_dir:
         yield f
 
 
-def test_hf_download_lands_on_disk_with_a_verified_manifest(fleet: Fleet, hf: HfTestServer, model_dir: Path) -> None:
+def test_hf_download_lands_on_disk_with_a_verified_manifest(
+    fleet: Fleet, hf: HfTestServer, model_dir: Path
+) -> None:
     task = fleet.register_and_download("minilm", f"hf://{REPO}")
     assert task["progress"]["done_bytes"] == task["progress"]["total_bytes"] > 90_000_000
     assert ("GET", f"/{REPO}/resolve/{hf.commit(REPO)}/model.safetensors") in hf.requests
@@ -68,7 +70,9 @@ def test_hf_download_lands_on_disk_with_a_verified_manifest(fleet: Fleet, hf: Hf
 
 def test_copy_between_nodes_verifies_and_a_second_copy_is_a_noop(fleet: Fleet, model_dir: Path) -> None:
     fleet.register_and_download("minilm-cp", f"file://{model_dir}")
-    code, body = fleet.post("/models/minilm-cp/copy", {"source_device": "node1:disk", "target_device": "node2:disk"})
+    code, body = fleet.post(
+        "/models/minilm-cp/copy", {"source_device": "node1:disk", "target_device": "node2:disk"}
+    )
     assert code == 202, body
     task = fleet.wait_task(body["task_id"])
     assert task["status"] == "succeeded", task
@@ -76,7 +80,9 @@ def test_copy_between_nodes_verifies_and_a_second_copy_is_a_noop(fleet: Fleet, m
     copied = fleet.storage("node2") / "models" / "minilm-cp"
     assert sha256(copied / "model.safetensors") == sha256(model_dir / "model.safetensors")
     assert fleet.get("/models/minilm-cp")[1]["locations"] == ["node1:disk", "node2:disk"]
-    code, again = fleet.post("/models/minilm-cp/copy", {"source_device": "node1:disk", "target_device": "node2:disk"})
+    code, again = fleet.post(
+        "/models/minilm-cp/copy", {"source_device": "node1:disk", "target_device": "node2:disk"}
+    )
     assert code == 202 and again["status"] == "succeeded" and again["result"]["noop"] is True
 
 
@@ -117,7 +123,9 @@ def test_a_corrupted_source_byte_fails_verification(fleet: Fleet, model_dir: Pat
         byte = f.read(1)
         f.seek(12_345_678)
         f.write(bytes([byte[0] ^ 0xFF]))
-    code, body = fleet.post("/models/minilm-bad/copy", {"source_device": "node1:disk", "target_device": "node2:disk"})
+    code, body = fleet.post(
+        "/models/minilm-bad/copy", {"source_device": "node1:disk", "target_device": "node2:disk"}
+    )
     task = fleet.wait_task(body["task_id"])
     assert task["status"] == "failed"
     assert task["error"]["code"] == "TASK_FAILED" and "mismatch" in task["error"]["message"]
@@ -129,19 +137,24 @@ def test_a_corrupted_source_byte_fails_verification(fleet: Fleet, model_dir: Pat
 
 def test_disk_to_dram_and_back_and_gpu_is_refused(fleet: Fleet, model_dir: Path) -> None:
     fleet.register_and_download("minilm-mv", f"file://{model_dir}")
-    code, body = fleet.post("/models/minilm-mv/move", {"source_device": "node1:disk", "target_device": "node1:dram"})
+    code, body = fleet.post(
+        "/models/minilm-mv/move", {"source_device": "node1:disk", "target_device": "node1:dram"}
+    )
     assert code == 202, body
     assert fleet.wait_task(body["task_id"])["status"] == "succeeded"
     assert fleet.get("/models/minilm-mv")[1]["locations"] == ["node1:dram"]
     in_dram = fleet.dram("node1") / "models" / "minilm-mv" / "model.safetensors"
     assert sha256(in_dram) == sha256(model_dir / "model.safetensors")
     assert not (fleet.storage("node1") / "models" / "minilm-mv").exists()
-    code, body = fleet.post("/models/minilm-mv/move", {"source_device": "node1:dram", "target_device": "node1:disk"})
+    code, body = fleet.post(
+        "/models/minilm-mv/move", {"source_device": "node1:dram", "target_device": "node1:disk"}
+    )
     assert fleet.wait_task(body["task_id"])["status"] == "succeeded"
     assert fleet.get("/models/minilm-mv")[1]["locations"] == ["node1:disk"]
     assert not in_dram.exists()
     code, body = fleet.post(
-        "/models/minilm-mv/move", {"source_device": "node1:disk", "target_device": "node1:gpu0", "keep_source": True}
+        "/models/minilm-mv/move",
+        {"source_device": "node1:disk", "target_device": "node1:gpu0", "keep_source": True},
     )
     assert code == 409, body
     assert body["error"]["code"] == "RESOURCE_UNAVAILABLE" and "node1:gpu0" in body["error"]["message"]
@@ -177,14 +190,18 @@ def test_serve_on_cpu_embeds_two_sentences_then_stop_frees_the_port(fleet: Fleet
     assert fleet.wait_task(stop["task_id"])["status"] == "succeeded"
     assert fleet.get(f"/services/{sid}")[1]["status"] == "stopped"
     with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds: TIME_WAIT does not hold it
+        s.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as a server binds: TIME_WAIT does not hold it
         s.bind(("127.0.0.1", svc["port"]))  # the port is free again
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{svc['url']}/health", timeout=2)
 
 
 def _snapshot(fleet: Fleet) -> tuple[set[str], int]:
-    files = {str(p) for n in ("node1", "node2") for p in fleet.storage(n).rglob("*") if ".file-port" not in str(p)}
+    files = {
+        str(p) for n in ("node1", "node2") for p in fleet.storage(n).rglob("*") if ".file-port" not in str(p)
+    }
     from gswarm_web.extensions import db
     from gswarm_web.tables import TaskRecord
 
@@ -195,11 +212,31 @@ def _snapshot(fleet: Fleet) -> tuple[set[str], int]:
 @pytest.mark.parametrize(
     ("path", "body", "status", "field"),
     [
-        ("/models", {"model_name": "../evil", "model_type": "x", "source_url": f"hf://{REPO}"}, 422, "model_name"),
-        ("/models", {"model_name": "a/b", "model_type": "x", "source_url": f"hf://{REPO}"}, 422, "model_name"),
-        ("/models", {"model_name": "ok", "model_type": "x", "source_url": "ftp://example.com/m"}, 422, "source_url"),
+        (
+            "/models",
+            {"model_name": "../evil", "model_type": "x", "source_url": f"hf://{REPO}"},
+            422,
+            "model_name",
+        ),
+        (
+            "/models",
+            {"model_name": "a/b", "model_type": "x", "source_url": f"hf://{REPO}"},
+            422,
+            "model_name",
+        ),
+        (
+            "/models",
+            {"model_name": "ok", "model_type": "x", "source_url": "ftp://example.com/m"},
+            422,
+            "source_url",
+        ),
         ("/models", {"model_name": "ok", "model_type": "x", "source_url": "file:///etc"}, 422, "source_url"),
-        ("/models", {"model_name": "ok", "model_type": "x", "source_url": "hf://../../etc"}, 422, "source_url"),
+        (
+            "/models",
+            {"model_name": "ok", "model_type": "x", "source_url": "hf://../../etc"},
+            422,
+            "source_url",
+        ),
         ("/models/minilm-base/download", {"target_device": "node1:tape"}, 422, "target_device"),
         ("/models/minilm-base/download", {"target_device": "nodez:disk"}, 404, "target_device"),
         ("/models/minilm-base/download", {"target_device": "node1:gpu0"}, 422, "target_device"),
@@ -221,12 +258,15 @@ def _snapshot(fleet: Fleet) -> tuple[set[str], int]:
         ("/services", {"model_name": "minilm-base", "device": "nodez:cpu"}, 404, "device"),
     ],
 )
-def test_bad_input_is_refused_and_writes_nothing(fleet: Fleet, path: str, body: dict, status: int, field: str) -> None:
+def test_bad_input_is_refused_and_writes_nothing(
+    fleet: Fleet, path: str, body: dict, status: int, field: str
+) -> None:
     code, _ = fleet.get("/models/minilm-base")
     if code == 404:
         assert (
             fleet.post(
-                "/models", {"model_name": "minilm-base", "model_type": "embedding", "source_url": f"hf://{REPO}"}
+                "/models",
+                {"model_name": "minilm-base", "model_type": "embedding", "source_url": f"hf://{REPO}"},
             )[0]
             == 201
         )
@@ -269,13 +309,17 @@ def test_restarted_node_rediscovers_its_service_and_marks_a_dead_one(fleet: Flee
     assert requests.get(f"{svc['url']}/health", timeout=5).status_code == 200
 
     os.killpg(svc["pid"], signal.SIGKILL)
-    wait_for(lambda: fleet.get(f"/services/{sid}")[1]["status"] == "failed", 15, "the dead service marked failed")
+    wait_for(
+        lambda: fleet.get(f"/services/{sid}")[1]["status"] == "failed", 15, "the dead service marked failed"
+    )
     assert "gone" in fleet.get(f"/services/{sid}")[1]["status_message"]
 
 
 def test_delete_one_copy_then_the_whole_model(fleet: Fleet, model_dir: Path) -> None:
     fleet.register_and_download("minilm-del", f"file://{model_dir}")
-    code, body = fleet.post("/models/minilm-del/copy", {"source_device": "node1:disk", "target_device": "node1:dram"})
+    code, body = fleet.post(
+        "/models/minilm-del/copy", {"source_device": "node1:disk", "target_device": "node1:dram"}
+    )
     assert fleet.wait_task(body["task_id"])["status"] == "succeeded"
     code, task = fleet.api("DELETE", "/models/minilm-del/locations/node1:dram")
     assert code == 202 and fleet.wait_task(task["task_id"])["status"] == "succeeded"
@@ -320,10 +364,14 @@ def test_cli_over_http(fleet: Fleet, model_dir: Path) -> None:
 
 def test_cross_node_move_copies_then_removes_the_source(fleet: Fleet, model_dir: Path) -> None:
     fleet.register_and_download("minilm-xmv", f"file://{model_dir}")
-    code, body = fleet.post("/models/minilm-xmv/move", {"source_device": "node1:disk", "target_device": "node2:disk"})
+    code, body = fleet.post(
+        "/models/minilm-xmv/move", {"source_device": "node1:disk", "target_device": "node2:disk"}
+    )
     assert code == 202 and body["kind"] == "move", body
     assert fleet.wait_task(body["task_id"])["status"] == "succeeded"
-    wait_for(lambda: fleet.get("/models/minilm-xmv")[1]["locations"] == ["node2:disk"], 15, "the source removed")
+    wait_for(
+        lambda: fleet.get("/models/minilm-xmv")[1]["locations"] == ["node2:disk"], 15, "the source removed"
+    )
     assert not (fleet.storage("node1") / "models" / "minilm-xmv").exists()
     assert sha256(fleet.storage("node2") / "models" / "minilm-xmv" / "model.safetensors") == sha256(
         model_dir / "model.safetensors"
@@ -385,7 +433,9 @@ def test_a_cpu_deployment_workflow_runs_end_to_end(fleet: Fleet, model_dir: Path
     assert code == 201, body
     wf = body["id"]
     body = wait_for(
-        lambda: (b := fleet.get(f"/workflows/{wf}")[1])["status"] != "running" and b, 240, "the deployment workflow"
+        lambda: (b := fleet.get(f"/workflows/{wf}")[1])["status"] != "running" and b,
+        240,
+        "the deployment workflow",
     )
     steps = {s["action_id"]: s for s in body["steps"]}
     assert body["status"] == "succeeded", steps

@@ -70,7 +70,9 @@ def test_graceful_stop_marks_offline_at_once(fleet_settings: Settings, start_wor
         wait_for(lambda: get_node(client, token, "nodey"), 10, "nodey registered")
         node.stop()
         # Well before the 3 s heartbeat timeout could have made it unhealthy.
-        wait_for(lambda: get_node(client, token, "nodey")["status"] == "offline", 2.5, "nodey offline after stop")
+        wait_for(
+            lambda: get_node(client, token, "nodey")["status"] == "offline", 2.5, "nodey offline after stop"
+        )
     finally:
         ctx.pop()
 

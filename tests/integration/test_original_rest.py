@@ -35,7 +35,10 @@ def model_dir() -> Path:
 def fleet(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("original-rest")
     (tmp / "allowed").mkdir()
-    env = {"GSWARM_MODELS_ALLOWED_ROOTS": f"{model_dir.parent}:{tmp / 'allowed'}", "GSWARM_OFFLINE_AFTER": "8"}
+    env = {
+        "GSWARM_MODELS_ALLOWED_ROOTS": f"{model_dir.parent}:{tmp / 'allowed'}",
+        "GSWARM_OFFLINE_AFTER": "8",
+    }
     f = Fleet(tmp, extra_env=env)
     try:
         f.start("control", "control", app_module="gswarm_web.celery_app")
@@ -97,7 +100,11 @@ def test_verify_checksum_true_is_what_gswarm_does_and_false_is_refused(fleet: Fl
         {"source_url": f"file://{model_dir}", "target_device": "node1:disk", "priority": "normal",
          "verify_checksum": False},
     )  # fmt: skip
-    assert code == 422 and field_of(body) == "verify_checksum" and "verifies every copy" in body["error"]["message"]
+    assert (
+        code == 422
+        and field_of(body) == "verify_checksum"
+        and "verifies every copy" in body["error"]["message"]
+    )
     assert task_count(fleet) == before  # nothing was sent
     code, body = fleet.post(
         "/models/llama-7b/download",
@@ -105,7 +112,10 @@ def test_verify_checksum_true_is_what_gswarm_does_and_false_is_refused(fleet: Fl
          "verify_checksum": True},
     )  # fmt: skip
     # queued when the answer was written, unless the node took it first (then running, position 0)
-    assert code == 202 and (body["status"], body["position"] >= 1) in (("queued", True), ("running", False)), body
+    assert code == 202 and (body["status"], body["position"] >= 1) in (
+        ("queued", True),
+        ("running", False),
+    ), body
     assert {"estimated_time", "estimated_start"} <= set(body)
     assert fleet.wait_task(body["task_id"], 120)["status"] == "succeeded"
     move = {"source_device": "node1:disk", "target_device": "node1:dram", "keep_source": True, "priority": "high",
@@ -130,7 +140,9 @@ def test_a_zstd_copy_crosses_the_wire_smaller_and_lands_byte_identical(fleet: Fl
     task = fleet.wait_task(body["task_id"], 120)
     assert task["status"] == "succeeded", task
     total = task["result"]["fetched_bytes"]
-    assert task["result"]["compression"] == "zstd" and total == (24 << 20) + len((src / "config.json").read_bytes())
+    assert task["result"]["compression"] == "zstd" and total == (24 << 20) + len(
+        (src / "config.json").read_bytes()
+    )
     assert 0 < task["result"]["wire_bytes"] < total // 20
     assert sha256(fleet.storage("node2") / "models" / "dense" / "weights.bin") == sha256(src / "weights.bin")
     # the same copy without compression crosses at its size
@@ -191,7 +203,9 @@ def test_a_copy_already_on_a_node_is_recorded_once_verified(fleet: Fleet, model_
         code, body = fleet.post("/models/placed/locations", bad)
         assert code == 422 and field_of(body) == field, body
     assert "move" in fleet.post("/models/placed/locations", {"device": "node2:gpu0"})[1]["error"]["message"]
-    code, body = fleet.post("/models/placed/locations", {"device": f"{NODE2_ADDRESS}:disk", "status": "ready"})
+    code, body = fleet.post(
+        "/models/placed/locations", {"device": f"{NODE2_ADDRESS}:disk", "status": "ready"}
+    )
     assert code == 202 and body["target_device"] == "node2:disk", body
     assert fleet.wait_task(body["task_id"])["status"] == "succeeded"
     model = fleet.get("/models/placed")[1]
@@ -242,7 +256,13 @@ def test_services_on_named_nodes_share_requests_in_turn(fleet: Fleet, model_dir:
     code, body = fleet.post("/services", {**base, "nodes": ["node1", "node1"]})
     assert code == 422 and field_of(body) == "nodes[1]"
     assert fleet.get("/services?model_name=llama-7b-svc")[1]["services"] == []  # nothing was written
-    config = {"port": port, "replicas": 2, "load_balancing": "round_robin", "max_batch_size": 32, "timeout": 30}
+    config = {
+        "port": port,
+        "replicas": 2,
+        "load_balancing": "round_robin",
+        "max_batch_size": 32,
+        "timeout": 30,
+    }
     code, svc = fleet.post("/services", {**base, "config": config})
     assert code == 202, svc
     assert svc["nodes"] == ["node1", "node2"] and svc["config"]["load_balancing"] == "round_robin"
@@ -279,7 +299,12 @@ def test_queued_operations_have_their_place_and_a_model_on_an_offline_node_is_un
     assert [code for code, _ in answers] == [202, 202, 202], answers
     assert [a["position"] for _, a in answers] == [1, 2, 3]
     assert answers[0][1]["estimated_time"] > 0  # downloads finished before: their times are known
-    assert 0 == answers[0][1]["estimated_start"] < answers[1][1]["estimated_start"] < answers[2][1]["estimated_start"]
+    assert (
+        0
+        == answers[0][1]["estimated_start"]
+        < answers[1][1]["estimated_start"]
+        < answers[2][1]["estimated_start"]
+    )
     assert fleet.get(f"/queue/tasks/{answers[2][1]['task_id']}")[1]["position"] == 3
     wait_for(lambda: fleet.get("/models/solo")[1]["status"] == "unavailable", 30, "solo unavailable")
     listed = {m["model_name"] for m in fleet.get("/models?status=unavailable&per_page=100")[1]["models"]}

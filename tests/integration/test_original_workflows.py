@@ -171,12 +171,18 @@ def run(fleet: Fleet, doc: dict[str, Any], timeout: float = 420) -> tuple[str, d
 
 def stop_services(fleet: Fleet) -> None:
     """Each example serves on the same fixed ports: what one started is stopped before the next."""
-    live = [s for s in fleet.get("/services?per_page=500")[1]["services"] if s["status"] not in ("stopped", "failed")]
+    live = [
+        s
+        for s in fleet.get("/services?per_page=500")[1]["services"]
+        if s["status"] not in ("stopped", "failed")
+    ]
     for s in live:
         code, body = fleet.api("DELETE", f"/services/{s['id']}")
         assert code in (200, 202), body
     for s in live:
-        wait_for(lambda s=s: fleet.get(f"/services/{s['id']}")[1]["status"] in ("stopped", "failed"), 60, "a stop")
+        wait_for(
+            lambda s=s: fleet.get(f"/services/{s['id']}")[1]["status"] in ("stopped", "failed"), 60, "a stop"
+        )
     for address in ADDRESSES.values():
         for port in (8080, 8081):
             wait_for(lambda a=address, p=port: port_free(a, p), 30, f"port {port} on {address} free")
@@ -202,7 +208,9 @@ def prerequisites(fleet: Fleet, name: str) -> None:
         code, body = fleet.post("/services", {"model_name": model, "device": f"{node}:cpu"})
         assert code in (201, 202), body
         sid = body.get("id") or body.get("service_id")
-        wait_for(lambda sid=sid: fleet.get(f"/services/{sid}")[1]["status"] == "running", 180, f"{model} serving")
+        wait_for(
+            lambda sid=sid: fleet.get(f"/services/{sid}")[1]["status"] == "running", 180, f"{model} serving"
+        )
 
 
 @pytest.mark.parametrize("name", ORDER)
@@ -227,7 +235,10 @@ def test_an_original_example_runs_as_written_but_for_the_gpu(fleet: Fleet, name:
             assert s["status"] == "failed" and NOT_HERE[(name, aid)] in s["error"]["message"], s
         elif aid in gpu - skipped:
             assert s["status"] == "failed", (aid, s)
-            assert s["error"]["code"] == "RESOURCE_UNAVAILABLE" and ":gpu0 is not available" in s["error"]["message"]
+            assert (
+                s["error"]["code"] == "RESOURCE_UNAVAILABLE"
+                and ":gpu0 is not available" in s["error"]["message"]
+            )
         elif aid in skipped:
             assert s["status"] == "skipped", (aid, s["status"], s.get("error"))
         else:
@@ -243,8 +254,12 @@ def test_an_original_example_runs_as_written_but_for_the_gpu(fleet: Fleet, name:
     stop_services(fleet)
 
 
-@pytest.mark.parametrize("name", [n for n in ORDER if any(on_gpu(a) for a in load_document(EXAMPLES[n])["actions"])])
-def test_an_original_example_runs_whole_with_the_cpu_for_the_gpu(fleet: Fleet, model_dir: Path, name: str) -> None:
+@pytest.mark.parametrize(
+    "name", [n for n in ORDER if any(on_gpu(a) for a in load_document(EXAMPLES[n])["actions"])]
+)
+def test_an_original_example_runs_whole_with_the_cpu_for_the_gpu(
+    fleet: Fleet, model_dir: Path, name: str
+) -> None:
     doc = on_cpu(load_document(EXAMPLES[name]))
     if refused_at_submission(fleet, name, doc):
         return
@@ -252,7 +267,9 @@ def test_an_original_example_runs_whole_with_the_cpu_for_the_gpu(fleet: Fleet, m
     failed = {aid: s.get("error") for aid, s in steps.items() if s["status"] != "succeeded"}
     for aid in [aid for aid in failed if (name, aid) in NOT_HERE]:
         assert NOT_HERE[(name, aid)] in failed.pop(aid)["message"]
-    assert not failed and status == ("succeeded" if not any(n == name for n, _ in NOT_HERE) else "failed"), failed
+    assert not failed and status == ("succeeded" if not any(n == name for n, _ in NOT_HERE) else "failed"), (
+        failed
+    )
     check_outputs(fleet, model_dir, name, steps)
     stop_services(fleet)
 
@@ -267,7 +284,9 @@ def check_outputs(fleet: Fleet, model_dir: Path, name: str, steps: dict[str, dic
         assert out["service_url"] == f"http://{ADDRESSES[out['device'].split(':')[0]]}:{port}", out
     if name == "simple-deployment":
         check = steps["health_check"]["outputs"]
-        assert check["status_code"] == 200 and check["url"] == f"http://{ADDRESSES['node1']}:8080/health", check
+        assert check["status_code"] == 200 and check["url"] == f"http://{ADDRESSES['node1']}:8080/health", (
+            check
+        )
     if name == "model-deployment-with-data":
         final = steps["transfer_results"]["outputs"]
         assert final["device"] == "node2:dram"

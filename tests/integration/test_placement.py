@@ -113,7 +113,10 @@ def test_auto_serves_where_the_weights_are_then_a_second_replica_after_a_verifie
     assert one["instances"][0]["placement"]["chosen"] == "node2:cpu"
     assert auto_service["locations_with_one"] == ["node2:disk"]  # served with no copy
     two = auto_service["two"]
-    assert sorted(i["device"] for i in two["instances"] if i["status"] == "running") == ["node1:cpu", "node2:cpu"]
+    assert sorted(i["device"] for i in two["instances"] if i["status"] == "running") == [
+        "node1:cpu",
+        "node2:cpu",
+    ]
     assert len({i["url"] for i in two["instances"] if i["status"] == "running"}) == 2  # two servers, not one
     assert fleet.get("/models/minilm-auto")[1]["locations"] == ["node1:disk", "node2:disk"]
     copies = fleet.get("/queue/tasks?kind=copy&per_page=50")[1]["tasks"]
@@ -157,7 +160,12 @@ def test_a_killed_node_is_routed_around_with_no_failed_request_and_its_replica_r
     wait_for(lambda: len(answers) >= seen + 20, 60, "requests answered after the kill")
     lost = wait_for(
         lambda: next(
-            (i for i in _service(fleet, sid)["instances"] if i["id"] == victim["id"] and i["status"] == "lost"), None
+            (
+                i
+                for i in _service(fleet, sid)["instances"]
+                if i["id"] == victim["id"] and i["status"] == "lost"
+            ),
+            None,
         ),
         60,
         "the dead replica given up",
@@ -180,12 +188,16 @@ def test_an_idle_service_is_unloaded_and_a_request_brings_it_back(
     code, svc = fleet.post("/services", {"model_name": name, "device": device, "idle_timeout_s": 3})
     assert code == 202, svc
     _running(fleet, svc["id"], 1)
-    idle = wait_for(lambda: (s := _service(fleet, svc["id"]))["status"] == "idle" and s, 60, "the service unloaded")
+    idle = wait_for(
+        lambda: (s := _service(fleet, svc["id"]))["status"] == "idle" and s, 60, "the service unloaded"
+    )
     assert idle["ready_replicas"] == 0
     stopped = lambda: all(i["status"] == "stopped" for i in _service(fleet, svc["id"])["instances"])  # noqa: E731
     wait_for(stopped, 60, "the replica's stop reported")
     assert _service(fleet, svc["id"])["status"] == "idle"  # asleep, not stopped: the next request starts it
-    wait_for(lambda: "node1:dram" in fleet.get(f"/models/{name}")[1]["locations"], 60, "weights staged in dram")
+    wait_for(
+        lambda: "node1:dram" in fleet.get(f"/models/{name}")[1]["locations"], 60, "weights staged in dram"
+    )
     started = time.monotonic()
     r = _embed(fleet, fleet.token, name, timeout=120)  # waits for the cold start (the bound asserted below)
     assert r.status_code == 200, r.text
@@ -205,7 +217,9 @@ def test_an_inference_token_calls_the_gateway_and_nothing_else(fleet: Fleet) -> 
     assert code == 201, tok
     token = tok["token"]
     assert requests.get(f"{fleet.base_url}/v1/models", headers=bearer(token), timeout=10).status_code == 200  # type: ignore[attr-defined]
-    r = _embed(fleet, token, "no-such-model")  # let through: the gateway itself answers that no service serves it
+    r = _embed(
+        fleet, token, "no-such-model"
+    )  # let through: the gateway itself answers that no service serves it
     assert r.status_code == 404 and r.json()["error"]["code"] == "MODEL_NOT_FOUND"
     for method, path in (("GET", "/api/v1/nodes"), ("GET", "/api/v1/services"), ("POST", "/api/v1/tokens")):
         r = requests.request(method, f"{fleet.base_url}{path}", headers=bearer(token), json={}, timeout=10)  # type: ignore[attr-defined]
@@ -255,7 +269,9 @@ def test_a_runnable_example_with_a_gpu_step_fails_at_placement_on_a_cpu_fleet(fl
     code, body = fleet.post("/workflows", yaml.safe_load(RUNNABLE["simple-deployment"]))
     assert code == 409, body
     assert body["error"]["details"]["field"] == "actions[move_to_gpu].target_device"
-    assert "GPU" in body["error"]["message"] and "actions[move_to_gpu].target_device" in body["error"]["message"]
+    assert (
+        "GPU" in body["error"]["message"] and "actions[move_to_gpu].target_device" in body["error"]["message"]
+    )
     assert fleet.get("/workflows")[1]["total"] == before
 
 
@@ -278,8 +294,13 @@ def test_the_cli_shows_placement_serves_replicas_and_scales(fleet: Fleet, model_
     assert "-> node1:cpu" in out and "1/1 ready" in out and "model=minilm-cli" in out
     out = cli("model", "scale", "minilm-cli", "2")
     assert "2/2 replicas running" in out
-    svc = next(s for s in fleet.get("/services?per_page=500")[1]["services"] if s["model_name"] == "minilm-cli")
-    assert sorted(i["device"] for i in svc["instances"] if i["status"] == "running") == ["node1:cpu", "node2:cpu"]
+    svc = next(
+        s for s in fleet.get("/services?per_page=500")[1]["services"] if s["model_name"] == "minilm-cli"
+    )
+    assert sorted(i["device"] for i in svc["instances"] if i["status"] == "running") == [
+        "node1:cpu",
+        "node2:cpu",
+    ]
     assert _embed(fleet, fleet.token, "minilm-cli").status_code == 200
     cli("model", "stop", "minilm-cli")
 
@@ -289,15 +310,31 @@ def test_a_chunks_auto_devices_follow_the_chunk(fleet: Fleet) -> None:
     import base64
 
     actions = [
-        {"action_id": "make", "action_type": "data_create", "data": base64.b64encode(b"placed bytes").decode()},
-        {"action_id": "stage", "action_type": "data_move", "data_id": "${make.chunk_id}", "target_device": "auto"},
-        {"action_id": "ship", "action_type": "data_transfer", "data_id": "${make.chunk_id}", "target_device": "auto"},
+        {
+            "action_id": "make",
+            "action_type": "data_create",
+            "data": base64.b64encode(b"placed bytes").decode(),
+        },
+        {
+            "action_id": "stage",
+            "action_type": "data_move",
+            "data_id": "${make.chunk_id}",
+            "target_device": "auto",
+        },
+        {
+            "action_id": "ship",
+            "action_type": "data_transfer",
+            "data_id": "${make.chunk_id}",
+            "target_device": "auto",
+        },
     ]
     actions[1]["dependencies"], actions[2]["dependencies"] = ["make"], ["stage"]
     code, wf = fleet.post("/workflows", {"name": "chunk-auto", "actions": actions})
     assert code == 201, wf
     done = wait_for(
-        lambda: (b := fleet.get(f"/workflows/{wf['id']}")[1])["status"] != "running" and b, 120, "the workflow"
+        lambda: (b := fleet.get(f"/workflows/{wf['id']}")[1])["status"] != "running" and b,
+        120,
+        "the workflow",
     )
     assert done["status"] == "succeeded", done
     steps = {s["action_id"]: s for s in done["steps"]}

@@ -87,7 +87,9 @@ def test_a_workflow_without_devices_is_placed_along_its_model(fleet: Fleet) -> N
 
 def test_a_gpu_step_on_a_fleet_without_room_refuses_the_workflow_naming_the_field(fleet: Fleet) -> None:
     doc = yaml.safe_load(RUNNABLE["simple-deployment"])
-    doc["actions"][0]["model_name"] = doc["actions"][1]["model_name"] = doc["actions"][2]["model_name"] = "huge"
+    doc["actions"][0]["model_name"] = doc["actions"][1]["model_name"] = doc["actions"][2]["model_name"] = (
+        "huge"
+    )
     _register(fleet, "huge", 100 * GIB)
     before = fleet.get("/workflows")[1]["total"]
     code, body = fleet.post("/workflows", doc)

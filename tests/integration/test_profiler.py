@@ -63,7 +63,10 @@ def test_overlapping_sessions_each_get_their_frequency_and_window(fleet: Fleet) 
         assert {f["gpu_id"] for f in doc["frames"]} == {"node1:0:Fake H100 80GB", "node1:1:Fake H100 80GB"}
     lo, hi = window(ea)
     expected_a = (hi - lo) / 0.2
-    assert abs(a_stopped["frame_count"] - expected_a) <= 0.1 * expected_a, (a_stopped["frame_count"], expected_a)
+    assert abs(a_stopped["frame_count"] - expected_a) <= 0.1 * expected_a, (
+        a_stopped["frame_count"],
+        expected_a,
+    )
     lo, hi = window(eb)
     expected_b = (hi - lo) / 0.1
     assert abs(b_info["frame_count"] - expected_b) <= 0.1 * expected_b, (b_info["frame_count"], expected_b)
@@ -75,7 +78,10 @@ def test_overlapping_sessions_each_get_their_frequency_and_window(fleet: Fleet) 
     assert r.status_code == 200 and r.data[:4] == b"\x89PNG" and r.headers["X-Panels"] in ("8", "9")
     r = fleet.client.get("/api/v1/profiler/sessions/a/plot?format=pdf", headers=fleet.auth())
     assert r.status_code == 200 and r.data[:5] == b"%PDF-"
-    assert fleet.client.get("/api/v1/profiler/sessions/a/plot?format=gif", headers=fleet.auth()).status_code == 422
+    assert (
+        fleet.client.get("/api/v1/profiler/sessions/a/plot?format=gif", headers=fleet.auth()).status_code
+        == 422
+    )
 
 
 def test_metrics_latest_and_prometheus(fleet: Fleet) -> None:
@@ -89,7 +95,9 @@ def test_metrics_latest_and_prometheus(fleet: Fleet) -> None:
     assert families["gswarm_host_cpu_percent"].samples[0].labels["hostname"] == "node1"
     assert fleet.client.get("/api/v1/metrics").status_code == 401
     root = fleet.client.get("/metrics", headers=fleet.auth())  # where Prometheus looks by default
-    assert root.status_code == 200 and root.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert (
+        root.status_code == 200 and root.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    )
     families = {f.name: f for f in text_string_to_metric_families(root.get_data(as_text=True))}
     util = families["DCGM_FI_DEV_GPU_UTIL"].samples
     assert {(s.labels["instance"], s.labels["gpu"]) for s in util} == {("node1", "0"), ("node1", "1")}
@@ -107,14 +115,20 @@ def test_export_pages_and_plot_read_only_their_window_and_are_bounded(fleet: Fle
 
     code, _ = fleet.post("/profiler/sessions", {"name": "long", "freq_ms": 100, "nodes": ["node1"]})
     assert code == 201
-    wait_for(lambda: fleet.get("/profiler/sessions/long")[1]["host_frame_count"] >= 90, 60, "90 frames of node1")
+    wait_for(
+        lambda: fleet.get("/profiler/sessions/long")[1]["host_frame_count"] >= 90, 60, "90 frames of node1"
+    )
     code, stopped = fleet.post("/profiler/sessions/long/stop", {})
     assert code == 200 and stopped["host_frame_count"] >= 90  # a stop streams its summary: never refused
-    sealed = wait_for(lambda: (b := fleet.get("/profiler/sessions/long")[1])["sealed_at"] and b, 30, "long sealed")
+    sealed = wait_for(
+        lambda: (b := fleet.get("/profiler/sessions/long")[1])["sealed_at"] and b, 30, "long sealed"
+    )
     # The export comes in pages of at most 240 readings (80 frames of 2 GPUs and a host), the summaries last.
     pages, host_rows, gpu_rows, cursor = [], [], [], None
     while True:
-        code, page = fleet.get("/profiler/sessions/long/export", query_string={"cursor": cursor} if cursor else {})
+        code, page = fleet.get(
+            "/profiler/sessions/long/export", query_string={"cursor": cursor} if cursor else {}
+        )
         assert code == 200, page
         pages.append(page)
         assert len(page["frames"]) + len(page["host_frames"]) <= 240
@@ -266,7 +280,9 @@ def test_frames_of_an_outage_survive_a_node_restart_and_arrive_once_in_order(tmp
         assert code == 200, stopped
         exported = {fr["time"] for fr in f.get("/profiler/sessions/spill/export")[1]["host_frames"]}
         assert {fr["time"] for fr in spilled} <= exported  # the outage's frames are inside the session
-        node2 = wait_for(lambda: (n := f.get("/nodes/node2")[1])["frames_dropped"] > 0 and n, 30, "node2's drops")
+        node2 = wait_for(
+            lambda: (n := f.get("/nodes/node2")[1])["frames_dropped"] > 0 and n, 30, "node2's drops"
+        )
         assert node2["frames_dropped"] > 0 and f.get("/nodes/node1")[1]["frames_dropped"] == 0
     finally:
         f.close()

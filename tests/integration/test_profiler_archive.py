@@ -89,7 +89,9 @@ def seqs(doc: dict[str, Any], node: str) -> list[int]:
     return [r["seq"] for r in doc["host_frames"] if r["node"] == node]
 
 
-def test_a_session_past_the_stream_cap_exports_every_frame_once_in_order(fleet: Fleet, tmp_path: Path) -> None:
+def test_a_session_past_the_stream_cap_exports_every_frame_once_in_order(
+    fleet: Fleet, tmp_path: Path
+) -> None:
     reader = StreamReader(fleet.redis_url, ("node1", "node2"))
     code, s = fleet.post("/profiler/sessions", {"name": "marathon", "freq_ms": 100})
     assert code == 201, s
@@ -99,7 +101,8 @@ def test_a_session_past_the_stream_cap_exports_every_frame_once_in_order(fleet: 
         first: Any = client.xrange(names.frames_stream("node1"), count=1)
         return (
             bool(first)
-            and json.loads(first[0][1][b"data"])["time"] > datetime.fromisoformat(s["start_time"]).timestamp() + 20
+            and json.loads(first[0][1][b"data"])["time"]
+            > datetime.fromisoformat(s["start_time"]).timestamp() + 20
         )
 
     wait_for(dropped_start, 120, "node1's stream to drop the session's first 20 s")
@@ -110,7 +113,11 @@ def test_a_session_past_the_stream_cap_exports_every_frame_once_in_order(fleet: 
         lambda: (b := fleet.get("/profiler/sessions/marathon")[1])["sealed_at"] and b, 30, "marathon sealed"
     )
     end_ms = int(datetime.fromisoformat(sealed["end_time"]).timestamp() * 1000)
-    wait_for(lambda: all(int(v.split("-")[0]) > end_ms for v in reader.last.values()), 10, "the reader past the end")
+    wait_for(
+        lambda: all(int(v.split("-")[0]) > end_ms for v in reader.last.values()),
+        10,
+        "the reader past the end",
+    )
     reader.stop.set()
     reader.thread.join(5)
     here = json.loads((tmp_path / "marathon.json").read_text())
@@ -127,17 +134,25 @@ def test_a_session_past_the_stream_cap_exports_every_frame_once_in_order(fleet: 
     assert len(here["frames"]) == 2 * len(here["host_frames"])  # two GPUs a frame, pages put together
 
 
-def test_the_original_layout_round_trips_through_export_analyze_and_import(fleet: Fleet, tmp_path: Path) -> None:
+def test_the_original_layout_round_trips_through_export_analyze_and_import(
+    fleet: Fleet, tmp_path: Path
+) -> None:
     run(fleet, [*GSWARM, "profiler", "start", "--name", "rt", "--freq", "200"], tmp_path)
     wait_for(lambda: fleet.get("/profiler/sessions/rt")[1]["host_frame_count"] >= 40, 60, "40 frames of rt")
     run(fleet, [*GSWARM, "profiler", "stop", "--name", "rt", "--no-file"], tmp_path)
     wait_for(lambda: fleet.get("/profiler/sessions/rt")[1]["sealed_at"], 30, "rt sealed")
-    run(fleet, [*GSWARM, "profiler", "export", "--name", "rt", "--format", "original", "--output", "o1.json"], tmp_path)
+    run(
+        fleet,
+        [*GSWARM, "profiler", "export", "--name", "rt", "--format", "original", "--output", "o1.json"],
+        tmp_path,
+    )
     first = json.loads((tmp_path / "o1.json").read_text())
     assert [f["frame_id"] for f in first["frames"]] == list(range(1, len(first["frames"]) + 1))
     assert all(len(f["gpu_id"]) == 4 for f in first["frames"][2:])  # every GPU of both nodes in each frame
     assert set(first) == {"session_name", "start_time", "end_time", "frames", "summary_by_device"}
-    out = run(fleet, [*GSWARM, "profiler", "analyze", "--data", "o1.json", "--plot", "o1.png"], tmp_path).stdout
+    out = run(
+        fleet, [*GSWARM, "profiler", "analyze", "--data", "o1.json", "--plot", "o1.png"], tmp_path
+    ).stdout
     assert "original layout" in out and (tmp_path / "o1.png").read_bytes()[:4] == b"\x89PNG"
     out = run(fleet, [*GSWARM, "import", "o1.json", "--name", "rt-again"], tmp_path).stdout
     assert "rt-again: imported" in out, out
@@ -159,7 +174,9 @@ def test_the_original_layout_round_trips_through_export_analyze_and_import(fleet
 
 def test_the_originals_data_directories_come_in(fleet: Fleet, tmp_path: Path) -> None:
     start = datetime(2024, 5, 1, 10, 0, 0)
-    write_profiler_data(tmp_path / ".gswarm_profiler_data", {"training_run_1": 20, "week_long_training": 30}, start)
+    write_profiler_data(
+        tmp_path / ".gswarm_profiler_data", {"training_run_1": 20, "week_long_training": 30}, start
+    )
     write_model_data(tmp_path / ".gswarm_model_data", "node1")
     out = run(fleet, [*GSWARM, "import", ".gswarm_profiler_data", ".gswarm_model_data"], tmp_path).stdout
     assert "training_run_1: imported, 40 frames of 2 host(s), 3 GPUs" in out, out
@@ -173,7 +190,9 @@ def test_the_originals_data_directories_come_in(fleet: Fleet, tmp_path: Path) ->
     assert code == 200 and model["metadata"]["description"] == "a tiny GPT-2" and model["locations"] == []
     code, s = fleet.get("/profiler/sessions/week_long_training")
     assert code == 200 and s["status"] == "imported" and s["host_frame_count"] == 60
-    assert datetime.fromisoformat(s["start_time"]).timestamp() == start.replace(hour=11).timestamp()  # local time
+    assert (
+        datetime.fromisoformat(s["start_time"]).timestamp() == start.replace(hour=11).timestamp()
+    )  # local time
     run(fleet, [*GSWARM, "profiler", "export", "--name", "training_run_1", "--format", "original", "--output",
                 "t.json"], tmp_path)  # fmt: skip
     got = json.loads((tmp_path / "t.json").read_text())["frames"]
@@ -201,8 +220,16 @@ def test_start_without_a_name_report_and_gsprof(fleet: Fleet, tmp_path: Path) ->
     out = run(fleet, [*GSWARM, "profiler", "report", "--name", name], tmp_path).stdout
     assert "node2:0:Fake H100 80GB" in out and "node1:0" not in out and "CPU mean" in out
     # gsprof, as the original's README has it: a session, its stop (the original's <name>.json), its statistics.
-    run(fleet, [*GSPROF, "start", "--name", "data_loading_phase", "--freq", "200", "--enable-bandwidth"], tmp_path)
-    wait_for(lambda: fleet.get("/profiler/sessions/data_loading_phase")[1]["host_frame_count"] >= 10, 30, "10 frames")
+    run(
+        fleet,
+        [*GSPROF, "start", "--name", "data_loading_phase", "--freq", "200", "--enable-bandwidth"],
+        tmp_path,
+    )
+    wait_for(
+        lambda: fleet.get("/profiler/sessions/data_loading_phase")[1]["host_frame_count"] >= 10,
+        30,
+        "10 frames",
+    )
     (tmp_path / "data_loading_phase.json").write_text("mine")  # a file of that name is there: it is kept
     kept = run(fleet, [*GSPROF, "stop", "--name", "data_loading_phase"], tmp_path, ok=False)
     assert kept.returncode == 1 and "--force" in kept.stderr and "nothing was stopped" in kept.stderr, kept
@@ -212,7 +239,9 @@ def test_start_without_a_name_report_and_gsprof(fleet: Fleet, tmp_path: Path) ->
     doc = json.loads((tmp_path / "data_loading_phase.json").read_text())
     assert doc["frames"][0]["frame_id"] == 1 and "dram_bandwidth_rx" in doc["frames"][0]
     out = run(
-        fleet, [*GSPROF, "stat", "--data", "data_loading_phase.json", "--plot", "data_loading_phase.pdf"], tmp_path
+        fleet,
+        [*GSPROF, "stat", "--data", "data_loading_phase.json", "--plot", "data_loading_phase.pdf"],
+        tmp_path,
     )
     assert (tmp_path / "data_loading_phase.pdf").read_bytes()[:5] == b"%PDF-", out.stdout
     p = run(fleet, [*GSPROF, "http-profile", "master-node:8091", "--name", "x"], tmp_path, ok=False)
@@ -230,7 +259,9 @@ def test_recover_after_the_control_worker_dies(fleet: Fleet, tmp_path: Path) -> 
     wait_for(lambda: listed()["archived_frames"] > 0, 30, "crash archived")
     fleet.procs["control"].kill_group()
     fleet.procs["control"].proc.wait(10)  # type: ignore[union-attr]
-    row = wait_for(lambda: (r := listed())["interrupted"] and r["pending_frames"] > 10 and r, 30, "crash interrupted")
+    row = wait_for(
+        lambda: (r := listed())["interrupted"] and r["pending_frames"] > 10 and r, 30, "crash interrupted"
+    )
     assert "no archiver (control worker) running" in row["interrupted"][0]
     assert row["frames"] == row["archived_frames"] + row["pending_frames"] and row["published"]
     redis.Redis.from_url(fleet.redis_url).hdel(names.PROFILER_SESSIONS_KEY, "crash")  # Redis lost it too
@@ -242,12 +273,16 @@ def test_recover_after_the_control_worker_dies(fleet: Fleet, tmp_path: Path) -> 
     row = listed()
     assert row["published"] and row["archived_frames"] >= before
     assert redis.Redis.from_url(fleet.redis_url).hexists(names.PROFILER_SESSIONS_KEY, "crash")
-    out = run(fleet, [*GSWARM, "profiler", "recover", "--export", "crash.json", "--name", "crash"], tmp_path).stdout
+    out = run(
+        fleet, [*GSWARM, "profiler", "recover", "--export", "crash.json", "--name", "crash"], tmp_path
+    ).stdout
     doc = json.loads((tmp_path / "crash.json").read_text())
     assert len(doc["host_frames"]) >= before - 2 and "wrote crash.json" in out
     fleet.start("control", "control", app_module="gswarm_web.celery_app")
     code, _ = fleet.post("/profiler/sessions/crash/stop", {})
     assert code == 200
-    sealed = wait_for(lambda: (b := fleet.get("/profiler/sessions/crash")[1])["sealed_at"] and b, 30, "crash sealed")
+    sealed = wait_for(
+        lambda: (b := fleet.get("/profiler/sessions/crash")[1])["sealed_at"] and b, 30, "crash sealed"
+    )
     assert sealed["host_frame_count"] >= len(doc["host_frames"])
     assert not [r for r in fleet.get("/profiler/recover")[1] if r["name"] == "crash"]

@@ -60,7 +60,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, library: Path) -> Iterator[F
     write_config(good, _doc())
     write_config(broken, {"init_error": "DRIVER_NOT_LOADED"})
     with running_fleet(tmp, nodes=()) as f:
-        lib_path = os.pathsep.join(p for p in (str(library.parent), os.environ.get("LD_LIBRARY_PATH", "")) if p)
+        lib_path = os.pathsep.join(
+            p for p in (str(library.parent), os.environ.get("LD_LIBRARY_PATH", "")) if p
+        )
         f.start_node("node1", LD_LIBRARY_PATH=lib_path, **{CONFIG_ENV: str(good)})
         f.start_node("node2", LD_LIBRARY_PATH=lib_path, **{CONFIG_ENV: str(broken)})
         f.config = good  # type: ignore[attr-defined]
@@ -81,9 +83,13 @@ def test_the_node_announces_the_librarys_gpus(fleet: Fleet) -> None:
 
 
 def test_frames_carry_the_files_values_in_gswarms_units(fleet: Fleet) -> None:
-    fleet.post("/profiler/sessions", {"name": "bw", "freq_ms": 200, "nodes": ["node1"], "enable_bandwidth": True})
+    fleet.post(
+        "/profiler/sessions", {"name": "bw", "freq_ms": 200, "nodes": ["node1"], "enable_bandwidth": True}
+    )
     try:
-        gpus = wait_for(lambda: (g := _gpus(fleet)) and "pcie_rx_bytes_per_s" in g.get(0, {}) and g, 30, "a frame")
+        gpus = wait_for(
+            lambda: (g := _gpus(fleet)) and "pcie_rx_bytes_per_s" in g.get(0, {}) and g, 30, "a frame"
+        )
         g0, g1 = gpus[0], gpus[1]
         assert g0["utilization_percent"] == 37
         assert g0["memory_used_bytes"] == 10 * GIB and g0["memory_total_bytes"] == 80 * GIB
@@ -107,25 +113,37 @@ def test_frames_carry_the_files_values_in_gswarms_units(fleet: Fleet) -> None:
 
 
 def test_nvlink_appears_only_when_asked_and_a_link_is_up(fleet: Fleet) -> None:
-    fleet.post("/profiler/sessions", {"name": "nv", "freq_ms": 200, "nodes": ["node1"], "enable_nvlink": True})
+    fleet.post(
+        "/profiler/sessions", {"name": "nv", "freq_ms": 200, "nodes": ["node1"], "enable_nvlink": True}
+    )
     try:
-        gpus = wait_for(lambda: (g := _gpus(fleet)) and "nvlink_rx_bytes_per_s" in g.get(0, {}) and g, 30, "NVLink")
+        gpus = wait_for(
+            lambda: (g := _gpus(fleet)) and "nvlink_rx_bytes_per_s" in g.get(0, {}) and g, 30, "NVLink"
+        )
         # two links up at 4,000 / 2,000 KiB/s each; the rate is measured from counters, so allow a little drift
         assert abs(gpus[0]["nvlink_rx_bytes_per_s"] - 2 * 4_000 * 1024) <= 0.05 * 2 * 4_000 * 1024
         assert abs(gpus[0]["nvlink_tx_bytes_per_s"] - 2 * 2_000 * 1024) <= 0.05 * 2 * 2_000 * 1024
         assert not any(k.startswith("nvlink") for k in gpus[1])  # its NVLink is not supported
         write_config(fleet.config, _doc(links_up=False))  # type: ignore[attr-defined]
-        wait_for(lambda: "nvlink_rx_bytes_per_s" not in _gpus(fleet).get(0, {"x": 1}), 30, "NVLink gone, links down")
+        wait_for(
+            lambda: "nvlink_rx_bytes_per_s" not in _gpus(fleet).get(0, {"x": 1}),
+            30,
+            "NVLink gone, links down",
+        )
     finally:
         fleet.post("/profiler/sessions/nv/stop", {})
         write_config(fleet.config, _doc())  # type: ignore[attr-defined]
 
 
 def test_a_library_that_fails_to_start_gives_a_node_without_gpus_and_one_log_line(fleet: Fleet) -> None:
-    node = wait_for(lambda: (n := fleet.get("/nodes/node2")[1]).get("status") == "healthy" and n, 30, "node2 up")
+    node = wait_for(
+        lambda: (n := fleet.get("/nodes/node2")[1]).get("status") == "healthy" and n, 30, "node2 up"
+    )
     assert node["gpus"] == []
     seen = node["last_seen"]
-    wait_for(lambda: fleet.get("/nodes/node2")[1]["last_seen"] != seen, 30, "another heartbeat")  # still alive
+    wait_for(
+        lambda: fleet.get("/nodes/node2")[1]["last_seen"] != seen, 30, "another heartbeat"
+    )  # still alive
     log = fleet.procs["node2"].log()
     assert log.count("no NVIDIA GPUs visible on this host") == 1, log[-3000:]
     assert "Driver Not Loaded" in log
@@ -138,7 +156,9 @@ def test_a_session_on_the_node_without_gpus_records_its_host(fleet: Fleet) -> No
 
     code, body = fleet.post("/profiler/sessions", {"name": "host", "freq_ms": 200, "nodes": ["node2"]})
     assert code == 201, body
-    wait_for(lambda: (fleet.get("/profiler/sessions/host")[1].get("host_frame_count") or 0) >= 5, 30, "host frames")
+    wait_for(
+        lambda: (fleet.get("/profiler/sessions/host")[1].get("host_frame_count") or 0) >= 5, 30, "host frames"
+    )
     code, stopped = fleet.post("/profiler/sessions/host/stop", {})
     assert code == 200 and stopped["frame_count"] == 0 and stopped["host_frame_count"] >= 5, stopped
     doc = fleet.get("/profiler/sessions/host/export")[1]

@@ -28,7 +28,9 @@ GSWARM = str(Path(sys.executable).with_name("gswarm"))
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([GSWARM, *args], env={**env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [GSWARM, *args], env={**env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.fixture
@@ -63,7 +65,10 @@ def test_the_quick_start_as_written(tmp_path: Path, dram_base: Path) -> None:
         assert f'join        gswarm client connect 127.0.0.1:{bport} --token "$(cat {pw_file})"' in head.log()
         assert password not in head.log()
         for port in (hport, mport):  # the model API is the same API on the original's model port
-            assert requests.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=5).json()["status"] == "healthy"
+            assert (
+                requests.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=5).json()["status"]
+                == "healthy"
+            )
         status = run(head_env, "host", "status")
         assert status.returncode == 0 and f"http://127.0.0.1:{mport}" in status.stdout, status
         again = run(head_env, "host", "start")
@@ -76,7 +81,9 @@ def test_the_quick_start_as_written(tmp_path: Path, dram_base: Path) -> None:
                                "GSWARM_DRAM_ROOT": str(dram_base / node)}  # fmt: skip
         # without the broker's password: one line saying where it is
         refused = run(node_envs["nodea"], "client", "connect", "--resilient", "--node", "nodea")
-        assert refused.returncode == 1 and "needs its password" in refused.stderr and "--token" in refused.stderr
+        assert (
+            refused.returncode == 1 and "needs its password" in refused.stderr and "--token" in refused.stderr
+        )
         assert "Traceback" not in refused.stderr
         # as the Quick Start types it (the host from config.yaml's cluster.host:cluster.port), and by URL
         argv_a = [GSWARM, "client", "connect", "--resilient", "--node", "nodea", "--token", password]

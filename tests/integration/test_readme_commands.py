@@ -25,7 +25,9 @@ from gswarm_web.cli.up import free_port, port_in_use
 from tests.harness.hfserver import HfTestServer
 from tests.harness.local_up import LocalUp, start_up
 
-pytestmark = pytest.mark.serial  # see pyproject.toml: a whole `gswarm up`, on the documents' port 8091 when free
+pytestmark = (
+    pytest.mark.serial
+)  # see pyproject.toml: a whole `gswarm up`, on the documents' port 8091 when free
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = ("README.md", "docs/getting-started.md")
@@ -56,7 +58,9 @@ def shell_blocks(document: str) -> list[Block]:
         before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         mark = NOT_RUN.match(before.strip())
         end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
-        blocks.append(Block(document, i + 1, "\n".join(lines[i + 1 : end]) + "\n", mark["reason"] if mark else None))
+        blocks.append(
+            Block(document, i + 1, "\n".join(lines[i + 1 : end]) + "\n", mark["reason"] if mark else None)
+        )
         i = end + 1
     return blocks
 
@@ -169,7 +173,9 @@ def test_shell_block(block: Block, terminals: dict[str, Terminal]) -> None:
         pytest.skip(f"{block.document}:{block.line}: not run: {block.not_run}")
     t = terminals[block.document]
     if t.failed:
-        pytest.skip(f"an earlier block of {block.document} failed ({t.failed}): this one would run in its wake")
+        pytest.skip(
+            f"an earlier block of {block.document} failed ({t.failed}): this one would run in its wake"
+        )
     try:
         r = t.run(block)
     except subprocess.TimeoutExpired:
@@ -181,7 +187,11 @@ def test_shell_block(block: Block, terminals: dict[str, Terminal]) -> None:
     if r.returncode != 0 or "Traceback" in r.stdout + r.stderr:
         t.failed = f"line {block.line}"
         logs = t.up.home / "logs"
-        tails = {p.name: p.read_text(errors="replace")[-1500:] for p in sorted(logs.glob("*.log"))} if logs else {}
+        tails = (
+            {p.name: p.read_text(errors="replace")[-1500:] for p in sorted(logs.glob("*.log"))}
+            if logs
+            else {}
+        )
         pytest.fail(f"exit {r.returncode}: {shown}\n--- gswarm logs\n{tails}", pytrace=False)
     _what_it_made(block, t, r.stdout)
 
@@ -196,4 +206,6 @@ def _what_it_made(block: Block, t: Terminal, out: str) -> None:
     if "gswarm profiler analyze" in block.text:
         assert (clone / "tour.json").is_file() and (clone / "tour.pdf").stat().st_size > 0
     if "gswarm host stop" in block.text:
-        assert t.up.proc.proc is not None and t.up.proc.proc.wait(timeout=30) == 0, "gswarm up did not stop cleanly"
+        assert t.up.proc.proc is not None and t.up.proc.proc.wait(timeout=30) == 0, (
+            "gswarm up did not stop cleanly"
+        )

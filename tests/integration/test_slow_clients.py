@@ -41,11 +41,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 def api(fleet: Fleet) -> Iterator[str]:
     """The API under gunicorn with the very command line `gswarm up` runs."""
     port = free_port()
-    web = next(s for s in control_plane_specs(fleet.settings, fleet.env, "127.0.0.1", port) if s.name == "web")
+    web = next(
+        s for s in control_plane_specs(fleet.settings, fleet.env, "127.0.0.1", port) if s.name == "web"
+    )
     proc = Proc("web-slow-clients", list(web.argv), fleet.env, fleet.tmp / "logs").start()
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: requests.get(f"{base}/api/v1/health", timeout=2).status_code == 200, 60, "the API up")
+        wait_for(
+            lambda: requests.get(f"{base}/api/v1/health", timeout=2).status_code == 200, 60, "the API up"
+        )
         yield base
     finally:
         proc.stop()
@@ -112,7 +116,9 @@ def closed_by_server(s: socket.socket) -> bool:
 
 def test_nginx_with_the_repos_config_holds_slow_clients(api: str, fleet: Fleet, tmp_path: Path) -> None:
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    assert Path(nginx).exists(), "nginx is not installed (apt-get install nginx-light; make bench installs it)"
+    assert Path(nginx).exists(), (
+        "nginx is not installed (apt-get install nginx-light; make bench installs it)"
+    )
     port = free_port()
     conf = nginx_conf(tmp_path, port, api.removeprefix("http://"))
     argv = [nginx, "-p", f"{tmp_path}/", "-c", str(conf), "-e", "stderr", "-g", "daemon off;"]
@@ -236,7 +242,11 @@ def test_a_heavy_simulation_leaves_the_api_answering(api: str, fleet: Fleet) -> 
     from gswarm_web.scheduling.generator import bench_config, generate
 
     config = bench_config()
-    body = {"config": config, "requests": generate(config, requests=6000, gpus=16, utilization=0.8), "gpus": 16}
+    body = {
+        "config": config,
+        "requests": generate(config, requests=6000, gpus=16, utilization=0.8),
+        "gpus": 16,
+    }
     done: list[requests.Response] = []
     heavy = [threading.Thread(target=lambda: done.append(requests.post(
         f"{api}/api/v1/scheduling/simulate", json=body, headers={"Authorization": f"Bearer {fleet.token}"},

@@ -61,7 +61,9 @@ class Clients:
 
     def call(self, op: str, method: str, path: str, **kw: Any) -> requests.Response | None:
         url = f"{self.fleet.base_url}/api/v1{path}"  # type: ignore[attr-defined]
-        r = requests.request(method, url, headers={"Authorization": f"Bearer {self.fleet.token}"}, timeout=30, **kw)
+        r = requests.request(
+            method, url, headers={"Authorization": f"Bearer {self.fleet.token}"}, timeout=30, **kw
+        )
         with self.lock:
             self.seen[f"{op} {r.status_code}"] += 1
             if r.status_code >= 500:
@@ -85,11 +87,17 @@ class Clients:
     def chunk_op(self, rng: random.Random) -> None:
         with self.lock:
             cid = rng.choice(self.chunks) if self.chunks else None
-        kind = rng.choice(("create", "create", "pin", "unpin", "delete", "move", "transfer")) if cid else "create"
+        kind = (
+            rng.choice(("create", "create", "pin", "unpin", "delete", "move", "transfer"))
+            if cid
+            else "create"
+        )
         if kind == "create":
             raw = rng.choice(PAYLOADS)
             body = {"data": base64.b64encode(raw).decode(), "device": rng.choice(DEVICES)}
-            r = self.call("chunk create", "POST", "/data", json={**body, "type": rng.choice(("input", "output"))})
+            r = self.call(
+                "chunk create", "POST", "/data", json={**body, "type": rng.choice(("input", "output"))}
+            )
             if r is not None and r.status_code == 202:
                 with self.lock:
                     self.chunks.append(r.json()["chunk_id"])
@@ -102,10 +110,19 @@ class Clients:
         elif kind == "delete":
             self.call("chunk delete", "DELETE", f"/data/{cid}?force={str(rng.random() < 0.3).lower()}")
         elif kind == "move":
-            self.call("chunk move", "POST", f"/data/{cid}/move", json={"target_device": rng.choice(("disk", "dram"))})
+            self.call(
+                "chunk move",
+                "POST",
+                f"/data/{cid}/move",
+                json={"target_device": rng.choice(("disk", "dram"))},
+            )
         else:
             target = rng.choice(("node1", "node2"))
-            body = {"target_node": target, "target_device": rng.choice(("disk", "dram")), "delete_source": False}
+            body = {
+                "target_node": target,
+                "target_device": rng.choice(("disk", "dram")),
+                "delete_source": False,
+            }
             self.call("chunk transfer", "POST", f"/data/{cid}/transfer", json=body)
 
     def run(self, seconds: float, threads: int = 6) -> None:

@@ -28,7 +28,9 @@ def gone_within(children: list[psutil.Process], seconds: float) -> None:
     try:
         wait_for(lambda: not descendants_alive(children), seconds, "every process of the supervisor to end")
     except AssertionError:
-        raise AssertionError(f"alive {seconds:.0f} s after the supervisor: {descendants_alive(children)}") from None
+        raise AssertionError(
+            f"alive {seconds:.0f} s after the supervisor: {descendants_alive(children)}"
+        ) from None
 
 
 def minilm() -> Path:
@@ -47,7 +49,11 @@ def serve_minilm(up: LocalUp) -> psutil.Process:
     assert r.status_code == 202, r.text
     task = r.json()["task_id"]
     url = f"{up.api}/queue/tasks/{task}"
-    wait_for(lambda: requests.get(url, headers=up.auth, timeout=5).json()["status"] == "succeeded", 120, "the download")
+    wait_for(
+        lambda: requests.get(url, headers=up.auth, timeout=5).json()["status"] == "succeeded",
+        120,
+        "the download",
+    )
     r = requests.post(f"{up.api}/services", json={"model_name": "minilm", "device": f"{up.node}:cpu"}, headers=up.auth,
                       timeout=30)  # fmt: skip
     assert r.status_code == 202, r.text
@@ -77,7 +83,9 @@ def test_sigkill_of_gswarm_up_ends_everything_and_the_next_start_takes_the_same_
         gone_within(children, 10)
         assert not (up.home / guardian.RECORDS).exists()
 
-        again = start_up(tmp_path, "killnode", port=up.port, redis_port=up.redis_port, home=up.home, name="again")
+        again = start_up(
+            tmp_path, "killnode", port=up.port, redis_port=up.redis_port, home=up.home, name="again"
+        )
         again.wait_healthy()
         assert again.port == up.port and again.redis_port == up.redis_port
         out = subprocess.run([GSWARM, "host", "status", "--json"], env=up.env, capture_output=True, text=True,
@@ -102,10 +110,14 @@ def test_host_start_killed_with_its_guardian_is_cleared_by_the_next_start(tmp_pa
         host.proc.proc.wait(5)  # type: ignore[union-attr]
         left = descendants_alive([c for c in children if c.pid != keeper.pid])
         assert any("gunicorn" in c for c in left), left  # nothing ended them yet
-        status = subprocess.run([GSWARM, "host", "status"], env=host.env, capture_output=True, text=True, timeout=30)
+        status = subprocess.run(
+            [GSWARM, "host", "status"], env=host.env, capture_output=True, text=True, timeout=30
+        )
         assert status.returncode == 1 and "not running" in status.stdout
 
-        again = start_up(tmp_path, None, port=host.port, redis_port=host.redis_port, home=host.home, name="again")
+        again = start_up(
+            tmp_path, None, port=host.port, redis_port=host.redis_port, home=host.home, name="again"
+        )
         again.wait_healthy()  # the ports were free again: the start ended what the crash left
         assert not descendants_alive([c for c in children if c.pid != keeper.pid])
         assert "left running" in again.proc.log()
@@ -121,7 +133,9 @@ def test_client_connect_ends_with_its_node_worker_and_model_servers(tmp_path: Pa
     try:
         host.wait_healthy()
         password = (host.home / "redis.password").read_text().strip()
-        env = clean_env(tmp_path / "nodehome", GSWARM_JOIN_TOKEN=password, GSWARM_API_URL=host.api[: -len("/api/v1")])
+        env = clean_env(
+            tmp_path / "nodehome", GSWARM_JOIN_TOKEN=password, GSWARM_API_URL=host.api[: -len("/api/v1")]
+        )
         node = Proc("connect", [GSWARM, "client", "connect", f"127.0.0.1:{host.redis_port}", "--node", "joined"], env,
                     tmp_path).start()  # fmt: skip
         procs.append(node)
@@ -153,7 +167,9 @@ def test_client_connect_ends_with_its_node_worker_and_model_servers(tmp_path: Pa
 
 
 def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    bystander = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
     try:
         record = {**guardian.identity(bystander.pid), "name": "web", "last": False}
         record["created"] -= 100  # the recorded process started earlier: this pid is someone else's now

@@ -92,7 +92,9 @@ def test_concurrent_writers_get_no_5xx_on_sqlite(up: LocalUp, busy_cores: None) 
 
     def available() -> bool:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
-            rows = dict(conn.execute("SELECT status, count(*) FROM data_chunks WHERE format = 'load' GROUP BY status"))
+            rows = dict(
+                conn.execute("SELECT status, count(*) FROM data_chunks WHERE format = 'load' GROUP BY status")
+            )
         assert not rows.get("failed"), rows
         return rows.get("available", 0) == accepted["chunks"]
 

@@ -69,7 +69,13 @@ def test_diamond_runs_in_order_with_parallel_middle(fleet: Fleet) -> None:
 def test_no_barrier_in_a_dag_that_is_not_series_parallel(fleet: Fleet) -> None:
     # a -> c, a -> d, b -> d: c must start as soon as a is done, while b is still running.
     body = run(
-        fleet, [noop("a", duration_s=0.1), noop("b", node="node2", duration_s=3), noop("c", "a"), noop("d", "a", "b")]
+        fleet,
+        [
+            noop("a", duration_s=0.1),
+            noop("b", node="node2", duration_s=3),
+            noop("c", "a"),
+            noop("d", "a", "b"),
+        ],
     )
     assert body["status"] == "succeeded"
     s = steps(body)
@@ -122,9 +128,13 @@ def test_fail_fast_cancels_the_rest(fleet: Fleet) -> None:
 
 
 def test_cancel_mid_run_stops_running_and_pending_steps(fleet: Fleet) -> None:
-    code, body = fleet.post("/workflows", {"name": "c", "actions": [noop("long", duration_s=30), noop("next", "long")]})
+    code, body = fleet.post(
+        "/workflows", {"name": "c", "actions": [noop("long", duration_s=30), noop("next", "long")]}
+    )
     wf = body["id"]
-    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["long"]["status"] == "running", 20, "long running")
+    wait_for(
+        lambda: steps(fleet.get(f"/workflows/{wf}")[1])["long"]["status"] == "running", 20, "long running"
+    )
     t0 = time.monotonic()
     code, _ = fleet.post(f"/workflows/{wf}/cancel", {})
     assert code == 200
@@ -135,7 +145,9 @@ def test_cancel_mid_run_stops_running_and_pending_steps(fleet: Fleet) -> None:
     fleet.procs["node1"].stop()
     fleet.start_node("node1")
     events = fleet.redis_events(wf)
-    assert not [e for e in events if e["event"] == "started" and e["task_id"] == steps(body)["next"]["task_id"]]
+    assert not [
+        e for e in events if e["event"] == "started" and e["task_id"] == steps(body)["next"]["task_id"]
+    ]
     assert time.monotonic() - t0 < 30
 
 
@@ -144,7 +156,9 @@ def test_sigkill_of_the_whole_worker_mid_step_then_success(fleet: Fleet) -> None
         "/workflows", {"name": "k", "actions": [noop("victim", duration_s=3), noop("after", "victim")]}
     )
     wf = body["id"]
-    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["victim"]["status"] == "running", 20, "victim running")
+    wait_for(
+        lambda: steps(fleet.get(f"/workflows/{wf}")[1])["victim"]["status"] == "running", 20, "victim running"
+    )
     fleet.procs["node1"].kill_group(signal.SIGKILL)
     fleet.start_node("node1")
     restarted = time.monotonic()
@@ -165,7 +179,9 @@ def test_killed_pool_child_is_requeued_at_once(fleet: Fleet) -> None:
 
     code, body = fleet.post("/workflows", {"name": "p", "actions": [noop("victim", duration_s=2)]})
     wf = body["id"]
-    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["victim"]["status"] == "running", 20, "victim running")
+    wait_for(
+        lambda: steps(fleet.get(f"/workflows/{wf}")[1])["victim"]["status"] == "running", 20, "victim running"
+    )
     main = psutil.Process(fleet.procs["node1"].pid)
     for child in main.children():
         child.kill()
@@ -194,7 +210,9 @@ def test_exclusive_devices_never_overlap_and_others_run_in_parallel(fleet: Fleet
 
 def test_yaml_multipart_graph_queue_and_refusals(fleet: Fleet) -> None:
     text = yaml.safe_dump({"name": "y", "actions": [noop("a"), noop("b", "a")]})
-    r = fleet.client.post("/api/v1/workflows", data=text, headers={**fleet.auth(), "Content-Type": "application/yaml"})
+    r = fleet.client.post(
+        "/api/v1/workflows", data=text, headers={**fleet.auth(), "Content-Type": "application/yaml"}
+    )
     assert r.status_code == 201, r.json
     wait_done(fleet, r.json["id"])
     graph = fleet.get(f"/workflows/{r.json['id']}/graph")[1]
@@ -263,7 +281,9 @@ def test_cli_runs_a_workflow_and_its_exit_code_says_how_it_went(fleet: Fleet, tm
     env = {**fleet.env, "GSWARM_API_URL": url, "GSWARM_TOKEN": fleet.token}
     gswarm = str(Path(sys.executable).with_name("gswarm"))
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
-    good.write_text(yaml.safe_dump({"name": "cli-good", "actions": [noop("a"), noop("b", "a", node="node2")]}))
+    good.write_text(
+        yaml.safe_dump({"name": "cli-good", "actions": [noop("a"), noop("b", "a", node="node2")]})
+    )
     bad.write_text(yaml.safe_dump({"name": "cli-bad", "actions": [noop("a", fail_times=3), noop("b", "a")]}))
     r = subprocess.run(
         [gswarm, "workflow", "run", str(good), "--wait"], env=env, capture_output=True, text=True, timeout=120
@@ -294,7 +314,9 @@ def test_cli_runs_a_workflow_and_its_exit_code_says_how_it_went(fleet: Fleet, tm
 def test_a_step_over_its_time_limit_fails(fleet: Fleet) -> None:
     body = run(fleet, [noop("slow", duration_s=20, timeout_s=1), noop("after", "slow")])
     s = steps(body)
-    assert body["status"] == "failed" and s["slow"]["status"] == "failed" and s["after"]["status"] == "skipped"
+    assert (
+        body["status"] == "failed" and s["slow"]["status"] == "failed" and s["after"]["status"] == "skipped"
+    )
     assert "TimeLimit" in s["slow"]["error"]["message"]
     assert t(s["slow"], "finished_at") - t(s["slow"], "started_at") < 5
 
@@ -302,16 +324,25 @@ def test_a_step_over_its_time_limit_fails(fleet: Fleet) -> None:
 def test_cancelling_one_step_skips_its_dependents(fleet: Fleet) -> None:
     code, body = fleet.post(
         "/workflows",
-        {"name": "one", "actions": [noop("long", duration_s=30), noop("x", "long"), noop("other", node="node2")]},
+        {
+            "name": "one",
+            "actions": [noop("long", duration_s=30), noop("x", "long"), noop("other", node="node2")],
+        },
     )
     wf = body["id"]
-    wait_for(lambda: steps(fleet.get(f"/workflows/{wf}")[1])["long"]["status"] == "running", 20, "long running")
+    wait_for(
+        lambda: steps(fleet.get(f"/workflows/{wf}")[1])["long"]["status"] == "running", 20, "long running"
+    )
     tid = steps(fleet.get(f"/workflows/{wf}")[1])["long"]["task_id"]
     code, task = fleet.post(f"/queue/tasks/{tid}/cancel", {})
     assert code == 200 and task["status"] == "cancelled"
     body = wait_done(fleet, wf, 30)
     s = steps(body)
-    assert s["long"]["status"] == "cancelled" and s["x"]["status"] == "skipped" and s["other"]["status"] == "succeeded"
+    assert (
+        s["long"]["status"] == "cancelled"
+        and s["x"]["status"] == "skipped"
+        and s["other"]["status"] == "succeeded"
+    )
     assert body["status"] == "cancelled"
 
 
@@ -323,9 +354,17 @@ def answer(fleet: Fleet, path: str, text: str) -> tuple[int, Any]:
 def assert_validate_agrees(fleet: Fleet, text: str) -> None:
     """POST /workflows/validate answers valid exactly when POST /workflows accepts, else the very same error; and
     validating creates nothing."""
-    before = fleet.get("/workflows")[1]["total"], fleet.get("/services")[1]["total"], fleet.get("/models")[1]["total"]
+    before = (
+        fleet.get("/workflows")[1]["total"],
+        fleet.get("/services")[1]["total"],
+        fleet.get("/models")[1]["total"],
+    )
     v_code, v = answer(fleet, "/api/v1/workflows/validate", text)
-    after = fleet.get("/workflows")[1]["total"], fleet.get("/services")[1]["total"], fleet.get("/models")[1]["total"]
+    after = (
+        fleet.get("/workflows")[1]["total"],
+        fleet.get("/services")[1]["total"],
+        fleet.get("/models")[1]["total"],
+    )
     assert after == before, (before, after)
     s_code, s = answer(fleet, "/api/v1/workflows", text)
     if s_code == 201:
@@ -351,7 +390,12 @@ def test_validate_runs_every_check_submit_runs(fleet: Fleet) -> None:
         {
             "name": "s3-off",
             "actions": [
-                {"action_id": "c", "action_type": "data_create", "source": "s3://b/k", "target_device": "node1:dram"}
+                {
+                    "action_id": "c",
+                    "action_type": "data_create",
+                    "source": "s3://b/k",
+                    "target_device": "node1:dram",
+                }
             ],
         },  # fmt: skip
         {
@@ -370,16 +414,25 @@ def test_validate_runs_every_check_submit_runs(fleet: Fleet) -> None:
         {
             "name": "no-chunk",
             "actions": [
-                {"action_id": "m", "action_type": "data_move", "data_id": "nope", "target_device": "node1:disk"}
+                {
+                    "action_id": "m",
+                    "action_type": "data_move",
+                    "data_id": "nope",
+                    "target_device": "node1:disk",
+                }
             ],
         },  # fmt: skip
         {
             "name": "elsewhere",
-            "actions": [{"action_id": "h", "action_type": "health_check", "target_url": "http://10.1.2.3:8080/health"}],
+            "actions": [
+                {"action_id": "h", "action_type": "health_check", "target_url": "http://10.1.2.3:8080/health"}
+            ],
         },  # fmt: skip
         {
             "name": "node-port-unserved",
-            "actions": [{"action_id": "h", "action_type": "health_check", "target_url": "http://node1:8080/health"}],
+            "actions": [
+                {"action_id": "h", "action_type": "health_check", "target_url": "http://node1:8080/health"}
+            ],
         },  # fmt: skip
     ]
     for doc in docs:

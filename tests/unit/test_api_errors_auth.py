@@ -123,8 +123,16 @@ def test_openapi_and_docs_are_public_and_document_errors(client: FlaskClient) ->
     assert client.get("/api/v1/docs").status_code == 200
 
 
-def test_a_page_past_the_end_is_an_empty_page_and_a_huge_one_is_refused(client: FlaskClient, admin_token: str) -> None:
-    for path in ("/api/v1/models", "/api/v1/nodes", "/api/v1/data", "/api/v1/workflows", "/api/v1/queue/tasks"):
+def test_a_page_past_the_end_is_an_empty_page_and_a_huge_one_is_refused(
+    client: FlaskClient, admin_token: str
+) -> None:
+    for path in (
+        "/api/v1/models",
+        "/api/v1/nodes",
+        "/api/v1/data",
+        "/api/v1/workflows",
+        "/api/v1/queue/tasks",
+    ):
         r = client.get(f"{path}?page=999999", headers=bearer(admin_token))
         assert r.status_code == 200, (path, r.json)
         assert r.json["total"] == 0 and r.json["page"] == 999999
@@ -147,23 +155,31 @@ def test_unknown_fields_with_any_characters_are_named_in_the_body_never_in_a_hea
 
 def test_a_nul_character_anywhere_is_refused_naming_where(client: FlaskClient, admin_token: str) -> None:
     r = client.get("/api/v1/workflows?name=a%00b", headers=bearer(admin_token))
-    assert r.status_code == 422 and assert_error_shape(r.json, "INVALID_REQUEST")["details"]["field"] == "name"
+    assert (
+        r.status_code == 422 and assert_error_shape(r.json, "INVALID_REQUEST")["details"]["field"] == "name"
+    )
     r = client.post("/api/v1/tokens", json={"name": "a\x00b"}, headers=bearer(admin_token))
     assert r.status_code == 422 and r.json["error"]["details"]["field"] == "name"
 
 
-@pytest.mark.parametrize("path", ["/api/v1/tokens", "/api/v1/data", "/api/v1/scheduling/simulate", "/v1/embeddings"])
+@pytest.mark.parametrize(
+    "path", ["/api/v1/tokens", "/api/v1/data", "/api/v1/scheduling/simulate", "/v1/embeddings"]
+)
 def test_a_number_past_pythons_digit_bound_is_400_and_digits_in_strings_are_fine(
     client: FlaskClient, admin_token: str, path: str
 ) -> None:
     huge = "7" * 5000
     r = client.post(path, data='{"name": "x", "n": ' + huge + '}', headers=bearer(admin_token),
                     content_type="application/json")  # fmt: skip
-    assert r.status_code == 400 and r.json["error"]["details"] == {"field": "body", "max_digits": 4300}, r.json
+    assert r.status_code == 400 and r.json["error"]["details"] == {"field": "body", "max_digits": 4300}, (
+        r.json
+    )
     from gswarm_web.api.limits import number_too_long
 
     assert number_too_long(('{"n": ' + huge + "}").encode())
-    assert not number_too_long(('{"n": "' + huge + '", "m": "a\\"' + huge + '"}').encode())  # text, not numbers
+    assert not number_too_long(
+        ('{"n": "' + huge + '", "m": "a\\"' + huge + '"}').encode()
+    )  # text, not numbers
 
 
 def test_health_without_a_token_names_no_worker_and_no_error_text(
@@ -174,5 +190,8 @@ def test_health_without_a_token_names_no_worker_and_no_error_text(
     body = anonymous.json
     assert body["broker"] == {"ok": False, "error": "ConnectionError"} and body["workers"]["control"] == 0
     detailed = client.get("/api/v1/health", headers=bearer(admin_token)).json
-    assert detailed["broker"]["error"].startswith("ConnectionError: ") and "127.0.0.1" in detailed["broker"]["error"]
+    assert (
+        detailed["broker"]["error"].startswith("ConnectionError: ")
+        and "127.0.0.1" in detailed["broker"]["error"]
+    )
     assert detailed["workers"]["control"] == []

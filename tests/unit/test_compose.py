@@ -32,7 +32,9 @@ def services() -> dict[str, dict]:
 
 def compose_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     tool = shutil.which("docker-compose")
-    assert tool is not None, "docker-compose is not installed (scripts/services.sh installs it: make services)"
+    assert tool is not None, (
+        "docker-compose is not installed (scripts/services.sh installs it: make services)"
+    )
     return subprocess.run(
         [tool, "-f", str(ROOT / "docker-compose.yml"), "config"],
         capture_output=True,
@@ -93,7 +95,10 @@ def test_nodes_beat_and_flower_get_the_broker_url_only() -> None:
     for name in BROKER_ONLY:
         env = env_of(s[name])
         assert "GSWARM_DATABASE_URL" not in env and "GSWARM_ADMIN_TOKEN" not in env, (name, env)
-        assert not any(SECRETS["GSWARM_ADMIN_TOKEN"] in v or "postgres" in v for v in env.values()), (name, env)
+        assert not any(SECRETS["GSWARM_ADMIN_TOKEN"] in v or "postgres" in v for v in env.values()), (
+            name,
+            env,
+        )
         assert "database" not in s[name]["networks"], name  # no route to Postgres either
     # What the node code reads: nothing from the database or the admin token (gswarm_tasks never needs them).
     for path in (ROOT / "gswarm_tasks").rglob("*.py"):
@@ -134,7 +139,9 @@ def test_flower_needs_basic_auth_from_the_environment() -> None:
 def test_the_api_is_published_only_through_the_proxy_with_gswarm_ups_command() -> None:
     s = resolved()
     assert "ports" not in s["web"]
-    published = {name: [port_spec(p) for p in svc.get("ports") or []] for name, svc in s.items() if svc.get("ports")}
+    published = {
+        name: [port_spec(p) for p in svc.get("ports") or []] for name, svc in s.items() if svc.get("ports")
+    }
     assert published == {"proxy": ["127.0.0.1:8091:8080"], "flower": ["127.0.0.1:5555:5555"]}
     conf = (ROOT / "config" / "nginx.conf").read_text()
     assert "listen 8080;" in conf and "server web:8091;" in conf

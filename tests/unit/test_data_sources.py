@@ -20,7 +20,9 @@ def settings(tmp_path: Path, **kw: object) -> Settings:
 def test_http_only_to_allowed_hosts(tmp_path: Path) -> None:
     s = settings(tmp_path, data_allowed_hosts=("data.internal", "127.0.0.1:8000"))
     assert parse_data_source("https://data.internal/a.bin", s).scheme == "https"
-    assert parse_data_source("http://data.internal:9999/a.bin", s).scheme == "http"  # a bare host allows any port
+    assert (
+        parse_data_source("http://data.internal:9999/a.bin", s).scheme == "http"
+    )  # a bare host allows any port
     assert parse_data_source("http://127.0.0.1:8000/x", s).scheme == "http"
     for url in ("http://127.0.0.1:8001/x", "http://evil.example/x", "http://data.internal.evil.example/x"):
         with pytest.raises(InvalidRequest, match=r"^source: host .* not in data.allowed_hosts"):
@@ -33,7 +35,11 @@ def test_file_sources_stay_under_the_roots(tmp_path: Path) -> None:
     (tmp_path / "in" / "escape").symlink_to("/etc")
     s = settings(tmp_path)
     assert parse_data_source(f"file://{tmp_path}/in/ok.txt", s).path == str(tmp_path / "in" / "ok.txt")
-    for url in (f"file://{tmp_path}/in/../secret", "file:///etc/passwd", f"file://{tmp_path}/in/escape/passwd"):
+    for url in (
+        f"file://{tmp_path}/in/../secret",
+        "file:///etc/passwd",
+        f"file://{tmp_path}/in/escape/passwd",
+    ):
         with pytest.raises(InvalidRequest, match="^source: .* not under an allowed root"):
             parse_data_source(url, s)
 

@@ -50,7 +50,9 @@ def test_the_committed_reference_is_what_the_code_makes_now(generated: dict[str,
     assert stale == [], f"docs/reference/{', '.join(stale)} differ from the code: {REGENERATE}"
 
 
-def test_every_setting_has_its_variable_key_default_and_meaning(script: ModuleType, generated: dict[str, str]) -> None:
+def test_every_setting_has_its_variable_key_default_and_meaning(
+    script: ModuleType, generated: dict[str, str]
+) -> None:
     from gswarm_tasks.settings import OPTIONS
 
     page = generated["settings.md"]
@@ -77,7 +79,9 @@ def test_every_command_has_text(script: ModuleType, generated: dict[str, str]) -
         heading = f"## {path} {{" if " " not in path else f"### {path} {{"
         assert heading in page, f"`{path}` has no section on the commands page"
         section = page.split(heading, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
-        assert script._help(cmd) in section and f"\n{script._usage(cmd, _context(script, path))}\n" in section, path
+        assert (
+            script._help(cmd) in section and f"\n{script._usage(cmd, _context(script, path))}\n" in section
+        ), path
 
 
 def _context(script: ModuleType, path: str) -> Any:
@@ -128,7 +132,9 @@ def test_the_readme_is_short_and_its_links_resolve() -> None:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
             if re.match(r"[a-z]+:", target):
                 continue  # a URL: not a file of this repository
-            assert (doc.parent / target).exists(), f"{doc.relative_to(ROOT)} links to {target}, which is missing"
+            assert (doc.parent / target).exists(), (
+                f"{doc.relative_to(ROOT)} links to {target}, which is missing"
+            )
 
 
 def test_the_site_builds_strict_and_loads_nothing_from_another_host(tmp_path: Path) -> None:

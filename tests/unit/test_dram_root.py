@@ -71,7 +71,9 @@ def test_a_planted_symlink_is_refused_and_nothing_goes_through_it(tmp_path: Path
 
 
 def test_a_directory_of_another_user_is_refused(tmp_path: Path) -> None:
-    assert os.geteuid() == 0, "this test makes a directory of another user: run it as root (as `make test` does)"
+    assert os.geteuid() == 0, (
+        "this test makes a directory of another user: run it as root (as `make test` does)"
+    )
     anchor = sticky_anchor(tmp_path)
     foreign = anchor / "gswarm-u"
     foreign.mkdir(mode=0o700)
@@ -95,7 +97,9 @@ def test_a_world_writable_anchor_without_the_sticky_bit_is_refused(tmp_path: Pat
     anchor.mkdir()
     os.chmod(anchor, 0o777)
     assert "not sticky" in refused(anchor / "gswarm-u" / "n1", anchor).message
-    assert refused(tmp_path / "missing" / "x", tmp_path / "missing").message.endswith(f"no tmpfs at {tmp_path}/missing")
+    assert refused(tmp_path / "missing" / "x", tmp_path / "missing").message.endswith(
+        f"no tmpfs at {tmp_path}/missing"
+    )
 
 
 def test_node_tiers_check_on_every_use(tmp_path: Path, home: Path) -> None:

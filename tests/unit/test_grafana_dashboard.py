@@ -34,7 +34,9 @@ def metric_names(expr: str) -> set[str]:
     text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings
     text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
     text = re.sub(r"\[[^\]]*\]", "", text)  # ranges
-    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)  # grouping labels
+    text = re.sub(
+        r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text
+    )  # grouping labels
     found = set()
     for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
         rest = text[m.end() :].lstrip()
@@ -78,12 +80,18 @@ def exported(app: Flask, client: FlaskClient, admin_token: str) -> dict[str, Any
     db.session.add(model)
     db.session.flush()
     policy = {"min_replicas": 1, "max_replicas": 3, "target_in_flight": 2}
-    svc = Service(id="svc-1", model_id=model.id, device="auto", replicas=2, status="running", autoscaling=policy)
+    svc = Service(
+        id="svc-1", model_id=model.id, device="auto", replicas=2, status="running", autoscaling=policy
+    )
     db.session.add(svc)
     for i in (1, 2):
-        db.session.add(Replica(id=f"rep-{i}", service_id=svc.id, node="node1", device="node1:cpu", status="running"))
+        db.session.add(
+            Replica(id=f"rep-{i}", service_id=svc.id, node="node1", device="node1:cpu", status="running")
+        )
     db.session.flush()  # the service's row before its decision's (no relationship orders them)
-    db.session.add(ScalingEvent(service_id=svc.id, from_replicas=1, to_replicas=2, direction="up", reason="load"))
+    db.session.add(
+        ScalingEvent(service_id=svc.id, from_replicas=1, to_replicas=2, direction="up", reason="load")
+    )
     db.session.commit()
     # one answered request of each replica, as the gateway's Lua script leaves it (fakeredis runs no Lua)
     for i in (1, 2):

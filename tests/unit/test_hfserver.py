@@ -120,7 +120,9 @@ def test_commit_hash_is_stable_and_content_derived(tmp_path: Path) -> None:
         assert third.commit("x/a") != first.commit("x/a")
 
 
-def test_hf_endpoint_env_var_in_subprocess(hf: HfTestServer, model_digests: dict[str, str], tmp_path: Path) -> None:
+def test_hf_endpoint_env_var_in_subprocess(
+    hf: HfTestServer, model_digests: dict[str, str], tmp_path: Path
+) -> None:
     script = textwrap.dedent(
         f"""
         import json, sys
@@ -133,7 +135,11 @@ def test_hf_endpoint_env_var_in_subprocess(hf: HfTestServer, model_digests: dict
     env.update(HF_ENDPOINT=hf.url, HF_HOME=str(tmp_path / "home"), HF_HUB_DISABLE_PROGRESS_BARS="1")
     before = len(hf.requests)
     proc = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", script, str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -176,7 +182,9 @@ def test_unknown_repo_revision_and_file(hf: HfTestServer, tmp_path: Path) -> Non
         hf_hub_download(REPO, "no-such-file.bin", local_dir=tmp_path / "d", **kwargs)
 
 
-def test_model_info_and_tree_metadata(hf: HfTestServer, model_dir: Path, model_digests: dict[str, str]) -> None:
+def test_model_info_and_tree_metadata(
+    hf: HfTestServer, model_dir: Path, model_digests: dict[str, str]
+) -> None:
     api = HfApi(endpoint=hf.url, token=False)
     info = api.model_info(REPO, revision="main", files_metadata=True)
     assert info.sha == hf.commit(REPO)
@@ -196,11 +204,17 @@ def test_model_info_and_tree_metadata(hf: HfTestServer, model_dir: Path, model_d
     assert every["config.json"].blob_id == hashlib.sha1(b"blob %d\0" % len(config) + config).hexdigest()
 
 
-def test_resolve_headers_and_range_requests(hf: HfTestServer, model_dir: Path, model_digests: dict[str, str]) -> None:
+def test_resolve_headers_and_range_requests(
+    hf: HfTestServer, model_dir: Path, model_digests: dict[str, str]
+) -> None:
     url = hf_hub_url(REPO, "model.safetensors", revision="main", endpoint=hf.url)
     meta = get_hf_file_metadata(url, token=False)
     size = (model_dir / "model.safetensors").stat().st_size
-    assert (meta.commit_hash, meta.etag, meta.size) == (hf.commit(REPO), model_digests["model.safetensors"], size)
+    assert (meta.commit_hash, meta.etag, meta.size) == (
+        hf.commit(REPO),
+        model_digests["model.safetensors"],
+        size,
+    )
     assert meta.xet_file_data is None
 
     data = (model_dir / "model.safetensors").read_bytes()
@@ -239,7 +253,13 @@ def test_path_traversal_is_refused(tmp_path: Path) -> None:
         conn.request("GET", "/x/repo/resolve/main/sub/ok.txt")
         resp = conn.getresponse()
         assert (resp.status, resp.read()) == (200, b"fine")
-        for name in ["../secret.txt", "..%2Fsecret.txt", "%2E%2E/secret.txt", "sub/../../secret.txt", "/etc/passwd"]:
+        for name in [
+            "../secret.txt",
+            "..%2Fsecret.txt",
+            "%2E%2E/secret.txt",
+            "sub/../../secret.txt",
+            "/etc/passwd",
+        ]:
             conn.request("GET", f"/x/repo/resolve/main/{name}")
             resp = conn.getresponse()
             body = resp.read()

@@ -72,7 +72,9 @@ def test_a_new_frame_shows_after_the_interval_and_unchanged_nodes_are_kept() -> 
     assert store.reads >= 2
     assert cache._nodes["n2"][1] is kept  # its frame did not change: its lines were not made again
     del store.frames[b"n2"]
-    wait_for(lambda: "n2" not in cache.text(store.read), 5, "a node gone from the store gone from /metrics", 0.05)
+    wait_for(
+        lambda: "n2" not in cache.text(store.read), 5, "a node gone from the store gone from /metrics", 0.05
+    )
 
 
 def test_latest_body_is_every_frame_with_its_age() -> None:

@@ -18,7 +18,12 @@ from tests.harness.app import bearer
 
 
 def entry(ms: int, node: str, **data: Any) -> tuple[bytes, dict[bytes, bytes]]:
-    payload = {"node": node, "hostname": f"h-{node}", "address": "10.0.0.1", "storage": {"disk": {"total_bytes": 9}}}
+    payload = {
+        "node": node,
+        "hostname": f"h-{node}",
+        "address": "10.0.0.1",
+        "storage": {"disk": {"total_bytes": 9}},
+    }
     return (f"{ms}-0".encode(), {b"node": node.encode(), b"data": json.dumps({**payload, **data}).encode()})
 
 
@@ -51,7 +56,10 @@ def test_listing_is_the_schemas_dump(app: Flask, client: FlaskClient, admin_toke
     assert got["total"] == 4 and got["page"] == 1 and got["per_page"] == 500
     assert without_age(got["nodes"]) == without_age(want)
     for n, w in zip(got["nodes"], want, strict=True):
-        assert isinstance(n["seconds_since_seen"], float) and abs(n["seconds_since_seen"] - w["seconds_since_seen"]) < 5
+        assert (
+            isinstance(n["seconds_since_seen"], float)
+            and abs(n["seconds_since_seen"] - w["seconds_since_seen"]) < 5
+        )
     assert [n["status"] for n in got["nodes"]] == ["healthy", "unhealthy", "offline", "healthy"]
 
     page = client.get("/api/v1/nodes?per_page=2&page=2", headers=bearer(admin_token)).json

@@ -65,10 +65,14 @@ class Sampler:
         with selectors.DefaultSelector() as sel:
             sel.register(stdout, selectors.EVENT_READ)
             if not sel.select(timeout_s):
-                raise TimeoutError(f"no answer to {command!r} in {timeout_s} s; stderr: {self.stderr_path.read_text()}")
+                raise TimeoutError(
+                    f"no answer to {command!r} in {timeout_s} s; stderr: {self.stderr_path.read_text()}"
+                )
         line = stdout.readline()
         if not line:
-            raise RuntimeError(f"the sampler exited ({self.proc.wait()}); stderr: {self.stderr_path.read_text()}")
+            raise RuntimeError(
+                f"the sampler exited ({self.proc.wait()}); stderr: {self.stderr_path.read_text()}"
+            )
         return json.loads(line)
 
     def sample(self, bandwidth: bool = True, nvlink: bool = False) -> list[dict[str, Any]]:
@@ -96,7 +100,9 @@ class Sampler:
 
 @pytest.fixture(scope="session")
 def mock_lib_dir(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = getattr(pytestconfig, "cache", None)  # kept between runs, so the library is compiled once per source
+    cache = getattr(
+        pytestconfig, "cache", None
+    )  # kept between runs, so the library is compiled once per source
     root = Path(cache.mkdir("nvml-mock")) if cache is not None else tmp_path_factory.mktemp("nvml-mock")
     return build_library(root).parent
 
@@ -216,7 +222,9 @@ def test_a_changed_file_shows_in_the_next_frame_of_the_same_process(
     assert s.finish() == ""
 
 
-def test_a_broken_file_keeps_the_last_good_values_and_says_why(start: Callable[..., Sampler], config: Path) -> None:
+def test_a_broken_file_keeps_the_last_good_values_and_says_why(
+    start: Callable[..., Sampler], config: Path
+) -> None:
     s = start({"devices": [device(0, utilization_gpu_percent=33)]})
     assert s.sample()[0]["utilization_percent"] == 33
     write_config(config, {"devices": [device(0, utilization_gpu_percnt=1)]})
@@ -228,7 +236,14 @@ def test_an_unsupported_reading_is_absent_not_zero(start: Callable[..., Sampler]
     unsupported = ["utilization", "temperature", "power_usage", "sm_clock", "pcie_tx", "processes"]
     s = start({"devices": [device(0, pcie_rx_kib_per_s=5, not_supported=unsupported), device(1)]})
     partial, full = s.sample(bandwidth=True)
-    missing = {"utilization_percent", "temperature_c", "power_w", "sm_clock_mhz", "pcie_tx_bytes_per_s", "processes"}
+    missing = {
+        "utilization_percent",
+        "temperature_c",
+        "power_w",
+        "sm_clock_mhz",
+        "pcie_tx_bytes_per_s",
+        "processes",
+    }
     assert missing <= set(full)
     assert not missing & set(partial)
     assert partial["pcie_rx_bytes_per_s"] == 5 * 1024 and partial["memory_clock_mhz"] == 2619

@@ -26,7 +26,9 @@ def test_only_files_under_the_roots_are_opened(tmp_path: Path) -> None:
     (root / "inside").symlink_to(root / "ok.bin")  # one that stays inside (a cache's snapshot and its blob)
     with open_under(root / "inside", [str(root)]) as f:
         assert f.read() == b"fine"
-    (root / "dir").symlink_to(outside, target_is_directory=True)  # a directory swapped for a link after a check
+    (root / "dir").symlink_to(
+        outside, target_is_directory=True
+    )  # a directory swapped for a link after a check
     with pytest.raises(InvalidRequest, match="not a file under an allowed root"):
         open_under(root / "dir" / "key", [str(root)])
     with pytest.raises(InvalidRequest, match="not a file under an allowed root"):
@@ -34,5 +36,7 @@ def test_only_files_under_the_roots_are_opened(tmp_path: Path) -> None:
     with pytest.raises(NotFound):
         open_under(root / "missing", [str(root)])
     assert not [
-        fd for fd in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{fd}") == str(outside / "key")
+        fd
+        for fd in os.listdir("/proc/self/fd")
+        if os.path.realpath(f"/proc/self/fd/{fd}") == str(outside / "key")
     ]

@@ -44,7 +44,9 @@ from tests.harness.app import make_settings
         ({"device": "gpu"}, ("device",), None, {"device": "gpu"}),
     ],
 )  # fmt: skip
-def test_a_bare_tier_in_a_request(body: dict[str, Any], fields: Any, node: str | None, want: dict[str, Any]) -> None:
+def test_a_bare_tier_in_a_request(
+    body: dict[str, Any], fields: Any, node: str | None, want: dict[str, Any]
+) -> None:
     got = ends(dict(body)) if fields is None else resolve(dict(body), *fields, node=node)
     assert got == want
 
@@ -90,7 +92,9 @@ def test_host_start_refuses_ports_that_cannot_work(tmp_path: Path) -> None:
     env = {"GSWARM_HOME": str(tmp_path), "GSWARM_CONFIG": ""}
     r = runner.invoke(main, ["host", "start", "--port", "9100", "--http-port", "9100"], env=env)
     assert r.exit_code == 2 and "--port and --http-port are both 9100" in r.output, r.output
-    r = runner.invoke(main, ["host", "start", "--port", "8090"], env={**env, "GSWARM_REDIS_URL": "redis://h:6379/0"})
+    r = runner.invoke(
+        main, ["host", "start", "--port", "8090"], env={**env, "GSWARM_REDIS_URL": "redis://h:6379/0"}
+    )
     assert r.exit_code == 2 and "the broker is GSWARM_REDIS_URL (h:6379)" in r.output, r.output
     r = runner.invoke(main, ["host", "start", "--port", "0"], env=env)
     assert r.exit_code == 2 and "--port" in r.output
@@ -119,7 +123,9 @@ def test_client_connect_addresses_and_credentials(tmp_path: Path) -> None:
     (Path(s.home) / "redis.password").write_text("mine\n")
     own = str(Path(s.home) / "redis.password")
     assert broker_of("127.0.0.1:8090", None, s) == ("redis://:mine@127.0.0.1:8090/0", own)
-    r = CliRunner().invoke(main, ["client", "connect", "a:b:c"], env={"GSWARM_HOME": s.home, "GSWARM_CONFIG": ""})
+    r = CliRunner().invoke(
+        main, ["client", "connect", "a:b:c"], env={"GSWARM_HOME": s.home, "GSWARM_CONFIG": ""}
+    )
     assert r.exit_code == 2 and "is not HOST:PORT" in r.output
 
 
@@ -144,7 +150,9 @@ def test_gsmodel_runs_gswarms_commands(tmp_path: Path) -> None:
     out = tmp_path / "examples"
     r = runner.invoke(gsmodel, ["example", "--output", str(out)])
     assert r.exit_code == 0, r.output
-    assert (out / "simple-deployment.yaml").is_file()  # what `gsmodel job examples/simple-deployment.yaml` runs
+    assert (
+        out / "simple-deployment.yaml"
+    ).is_file()  # what `gsmodel job examples/simple-deployment.yaml` runs
     mapped = {"list": "gswarm model list", "job": "gswarm workflow run", "unregister": "gswarm model delete",
               "job-status": "gswarm workflow status", "nodes": "gswarm nodes"}  # fmt: skip
     for verb, help_of in mapped.items():
@@ -199,7 +207,10 @@ def test_the_cli_finds_the_api_of_the_gswarm_running_under_its_home(tmp_path: Pa
             ("127.0.0.1:8090", "http://127.0.0.1:8091"),
         ):
             r = CliRunner().invoke(gsprof, ["status", address], env=env)
-            assert r.exit_code == 1 and f"cannot reach the gswarm API at {api}" in r.output, (address, r.output)
+            assert r.exit_code == 1 and f"cannot reach the gswarm API at {api}" in r.output, (
+                address,
+                r.output,
+            )
         r = CliRunner().invoke(gsprof, ["status", "host:port"], env=env)
         assert r.exit_code == 2 and "is not HOST[:PORT]" in r.output
     finally:

@@ -137,7 +137,10 @@ def test_declared_nodes_are_missing_until_they_join(tmp_path: Path) -> None:
         assert [(n["name"], n["status"]) for n in body["nodes"]] == [
             ("extra", "offline"), ("node1", "missing"), ("node2", "offline")
         ]  # fmt: skip
-        assert body["nodes"][0]["declared"] is None and body["nodes"][2]["declared"]["address"] == "192.168.1.102"
+        assert (
+            body["nodes"][0]["declared"] is None
+            and body["nodes"][2]["declared"]["address"] == "192.168.1.102"
+        )
         page = client.get("/api/v1/nodes?per_page=2&page=2", headers=auth).get_json()
         assert [n["name"] for n in page["nodes"]] == ["node2"] and page["total"] == 3
         only = client.get("/api/v1/nodes?status=missing", headers=auth).get_json()

@@ -15,7 +15,13 @@ VALUES = {"path": "/m", "host": "10.0.0.1", "port": "8080", "model": "llama-7b",
 
 
 def test_the_originals_config_splits_into_the_services_keys_and_the_presets() -> None:
-    config = {"port": 8080, "replicas": 2, "load_balancing": "round_robin", "max_batch_size": 32, "timeout": 30}
+    config = {
+        "port": 8080,
+        "replicas": 2,
+        "load_balancing": "round_robin",
+        "max_batch_size": 32,
+        "timeout": 30,
+    }
     engine, own = split_config(config)
     assert engine == {"max_batch_size": 32}
     assert own == {"port": 8080, "replicas": 2, "load_balancing": "round_robin", "timeout": 30}
@@ -40,7 +46,12 @@ def test_a_bad_service_key_is_refused_naming_it(config: dict, field: str) -> Non
 
 
 def test_vllm_takes_the_originals_parameter_names_as_its_own_flags() -> None:
-    config = {"framework": "vllm", "max_batch_size": 32, "max_sequence_length": 2048, "gpu_memory_fraction": 0.9}
+    config = {
+        "framework": "vllm",
+        "max_batch_size": 32,
+        "max_sequence_length": 2048,
+        "gpu_memory_fraction": 0.9,
+    }
     engine, params = choose(config, DEFAULTS)
     assert engine == "vllm"
     argv = DEFAULTS["vllm"].command(VALUES, params)

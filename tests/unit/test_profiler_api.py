@@ -21,7 +21,9 @@ def api(app: Flask, client: FlaskClient, admin_token: str) -> Any:
     app.extensions["gswarm_redis"] = fakeredis.FakeRedis()
 
     def call(method: str, path: str, body: Any = None, **query: Any) -> tuple[int, Any]:
-        r = client.open(f"/api/v1{path}", method=method, json=body, query_string=query, headers=bearer(admin_token))
+        r = client.open(
+            f"/api/v1{path}", method=method, json=body, query_string=query, headers=bearer(admin_token)
+        )
         return r.status_code, r.get_json()
 
     return call
@@ -74,7 +76,9 @@ def test_an_import_exports_in_pages_like_a_stopped_session(api: Any) -> None:
         code, out = api("POST", "/profiler/imports/imp/frames", {"frames": frames[i : i + 150]})
         assert code == 200 and out["frames"] == len(frames[i : i + 150])
     code, s = api("POST", "/profiler/imports/imp/finish")
-    assert code == 200 and s["status"] == "imported" and s["host_frame_count"] == 400 and s["frame_count"] == 400
+    assert (
+        code == 200 and s["status"] == "imported" and s["host_frame_count"] == 400 and s["frame_count"] == 400
+    )
     assert s["summary_by_device"]["host-a:0:G"]["gpu_util"]["max"] == 199.0
     assert api("POST", "/profiler/imports/imp/frames", {"frames": [frame(T0 + 500)]})[0] == 409
     assert api("POST", "/profiler/imports", {"name": "imp", "nodes": ["host-a"], **HEAD})[0] == 409

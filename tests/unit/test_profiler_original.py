@@ -95,12 +95,16 @@ def test_the_originals_own_frames_read_as_gswarm_frames() -> None:
 
 
 def test_a_saved_sessions_directory_reads_back(tmp_path: Path) -> None:
-    ids = write_profiler_data(tmp_path, {"training_run": 5, "week_long_training": 7}, datetime(2024, 5, 1, 10))
+    ids = write_profiler_data(
+        tmp_path, {"training_run": 5, "week_long_training": 7}, datetime(2024, 5, 1, 10)
+    )
     found = {state["name"]: path for state, path in saved_sessions(tmp_path)}
     assert set(found) == {"training_run", "week_long_training"}
     assert found["training_run"] == tmp_path / ids["training_run"] / "frames.jsonl"
     assert len(list(read_jsonl(found["training_run"]))) == 5
-    assert len(list(read_jsonl(found["week_long_training"]))) == 7  # the line cut short by the crash is left out
+    assert (
+        len(list(read_jsonl(found["week_long_training"]))) == 7
+    )  # the line cut short by the crash is left out
 
 
 def test_analyze_reads_both_layouts(tmp_path: Path) -> None:
@@ -108,15 +112,26 @@ def test_analyze_reads_both_layouts(tmp_path: Path) -> None:
     (tmp_path / "training_run_1.json").write_text(json.dumps({"frames": frames, "summary_by_device": {}}))
     r = CliRunner().invoke(
         main,
-        ["profiler", "analyze", "--data", str(tmp_path / "training_run_1.json"), "--plot", str(tmp_path / "o.pdf")],
+        [
+            "profiler",
+            "analyze",
+            "--data",
+            str(tmp_path / "training_run_1.json"),
+            "--plot",
+            str(tmp_path / "o.pdf"),
+        ],
     )
     assert r.exit_code == 0, r.output
     assert "original layout" in r.output and "gpu-box-b:0:NVIDIA H100 80GB HBM3: util mean" in r.output
-    assert (tmp_path / "o.pdf").read_bytes()[:5] == b"%PDF-" and "(4 panels)" in r.output  # util, memory, PCIe, heat
+    assert (tmp_path / "o.pdf").read_bytes()[
+        :5
+    ] == b"%PDF-" and "(4 panels)" in r.output  # util, memory, PCIe, heat
     doc, layout = read_export(tmp_path / "training_run_1.json")
     assert layout == "original" and len(doc["frames"]) == 90 and doc["period_s"] == 1.0
     (tmp_path / "bad.json").write_text(json.dumps({"no": "frames"}))
-    r = CliRunner().invoke(main, ["profiler", "analyze", "--data", str(tmp_path / "bad.json"), "--plot", "x.png"])
+    r = CliRunner().invoke(
+        main, ["profiler", "analyze", "--data", str(tmp_path / "bad.json"), "--plot", "x.png"]
+    )
     assert r.exit_code == 2 and "not a profiler export" in r.output
 
 
@@ -146,8 +161,12 @@ def test_gsprof_commands_that_exist_are_gswarms(tmp_path: Path) -> None:
         gsprof, ["stat", "--data", str(tmp_path / "my_experiment.json"), "--plot", str(tmp_path / "m.pdf")]
     )
     assert r.exit_code == 0 and (tmp_path / "m.pdf").exists(), r.output
-    helps = {c: CliRunner().invoke(gsprof, [c, "--help"]).output for c in ("recover", "stop", "status", "start")}
-    assert "--session-id" in helps["recover"] and "--export" in helps["recover"] and "--list" in helps["recover"]
+    helps = {
+        c: CliRunner().invoke(gsprof, [c, "--help"]).output for c in ("recover", "stop", "status", "start")
+    }
+    assert (
+        "--session-id" in helps["recover"] and "--export" in helps["recover"] and "--list" in helps["recover"]
+    )
     assert "ADDRESS" in helps["stop"] and "--name" in helps["stop"]
     r = CliRunner().invoke(gsprof, ["recover", "--export"])
     assert r.exit_code == 2 and "--export needs --name" in r.output
@@ -159,7 +178,12 @@ def test_gpus_keep_their_place_whichever_node_samples_first_and_a_late_node_come
     frames = sorted(early + late, key=lambda f: f["time"])
     doc = to_original(HEAD, frames, 1.0, bandwidth=False, nvlink=False)
     first, last = doc["frames"][0]["gpu_id"], doc["frames"][-1]["gpu_id"]
-    assert first == ["n1:0:Fake H100 80GB", "n1:1:Fake H100 80GB", "n2:0:Fake H100 80GB", "n2:1:Fake H100 80GB"]
+    assert first == [
+        "n1:0:Fake H100 80GB",
+        "n1:1:Fake H100 80GB",
+        "n2:0:Fake H100 80GB",
+        "n2:1:Fake H100 80GB",
+    ]
     assert last[:4] == first and last[4:] == ["n0:0:Fake H100 80GB", "n0:1:Fake H100 80GB"]
     again = to_original(HEAD, sorted(from_original(doc["frames"]), key=lambda f: (f["time"], f["node"])), 1.0,
                         bandwidth=False, nvlink=False)  # fmt: skip

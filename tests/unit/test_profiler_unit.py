@@ -18,8 +18,14 @@ from gswarm_web.profiling.export import export_document as _export_document
 from gswarm_web.profiling.export import thin
 
 
-def export_document(name: str, start: datetime, end: datetime | None, fr: Any, bandwidth: bool, nvlink: bool) -> dict:
-    head = {"session_name": name, "start_time": start.isoformat(), "end_time": end.isoformat() if end else None}
+def export_document(
+    name: str, start: datetime, end: datetime | None, fr: Any, bandwidth: bool, nvlink: bool
+) -> dict:
+    head = {
+        "session_name": name,
+        "start_time": start.isoformat(),
+        "end_time": end.isoformat() if end else None,
+    }
     return _export_document(head, fr, bandwidth, nvlink)
 
 
@@ -46,7 +52,9 @@ def test_sampler_follows_the_fastest_session_for_its_node() -> None:
     s.step()
     s.sync()
     assert s.period_s == 0.5
-    r.hset(names.PROFILER_SESSIONS_KEY, "c", json.dumps({"freq_ms": 50, "nodes": ["n1"], "enable_nvlink": True}))
+    r.hset(
+        names.PROFILER_SESSIONS_KEY, "c", json.dumps({"freq_ms": 50, "nodes": ["n1"], "enable_nvlink": True})
+    )
     s._next_sessions_check = 0
     s.step()
     s.sync()
@@ -97,7 +105,10 @@ def test_export_shape_and_summaries() -> None:
         "pcie_tx_bytes_per_s",
     }
     assert row["gpu_id"] == "n1:0:Fake H100 80GB"
-    assert len(doc["frames"]) == 20 and set(doc["summary_by_device"]) == {"n1:0:Fake H100 80GB", "n1:1:Fake H100 80GB"}
+    assert len(doc["frames"]) == 20 and set(doc["summary_by_device"]) == {
+        "n1:0:Fake H100 80GB",
+        "n1:1:Fake H100 80GB",
+    }
     cpu = doc["summary_by_node"]["n1"]["cpu_percent"]
     assert cpu == {"mean": 4.5, "max": 9.0, "p95": 9.0}
     assert len(list(thin(frames(10, period=0.1), 0.2))) == 5
@@ -182,5 +193,7 @@ def test_an_unsupported_field_is_absent_from_the_export_not_zero() -> None:
         for g in fr["gpus"]:
             del g["pcie_tx_bytes_per_s"]  # what a GPU without that counter reports
     doc = export_document("s", datetime.now(UTC), None, f, bandwidth=True, nvlink=True)
-    assert all("pcie_tx_bytes_per_s" not in row and "nvlink_rx_bytes_per_s" not in row for row in doc["frames"])
+    assert all(
+        "pcie_tx_bytes_per_s" not in row and "nvlink_rx_bytes_per_s" not in row for row in doc["frames"]
+    )
     assert all(row["pcie_rx_bytes_per_s"] > 0 for row in doc["frames"])

@@ -33,7 +33,9 @@ def fill(r: Any, node: str, n: int, step_s: float = 0.1, gpus: int = 2) -> None:
     pipe = r.pipeline()
     for i in range(n):
         t = T0 + i * step_s
-        pipe.xadd(names.frames_stream(node), {"data": json.dumps(frame(t, gpus, node, i))}, id=f"{int(t * 1000)}-0")
+        pipe.xadd(
+            names.frames_stream(node), {"data": json.dumps(frame(t, gpus, node, i))}, id=f"{int(t * 1000)}-0"
+        )
     pipe.execute()
 
 
@@ -48,7 +50,9 @@ def test_only_frames_inside_the_window_are_read(app: Flask) -> None:
     # (a frame a node kept through an outage and sent later).
     for offset, frame_time in ((-5, -5), (1, 1), (2, 2), (3, -100), (4, 4), (11, 11)):
         r.xadd(
-            names.frames_stream("n1"), {"data": json.dumps(frame(T0 + frame_time))}, id=f"{int((T0 + offset) * 1000)}-0"
+            names.frames_stream("n1"),
+            {"data": json.dumps(frame(T0 + frame_time))},
+            id=f"{int((T0 + offset) * 1000)}-0",
         )
     got = list(frames(r, Source(LIVE, ["n1"], 0.001), (lo, hi)))
     assert [f["time"] - T0 for f in got] == [1, 2, 4]
@@ -74,7 +78,9 @@ def test_frames_the_stream_dropped_come_from_the_archive_every_one_once_in_order
     pipe = r.pipeline()
     for i in range(500, 520):
         t = T0 + i * 0.1
-        pipe.xadd(names.frames_stream("n1"), {"data": json.dumps(frame(t, 2, "n1", i))}, id=f"{int(t * 1000)}-0")
+        pipe.xadd(
+            names.frames_stream("n1"), {"data": json.dumps(frame(t, 2, "n1", i))}, id=f"{int(t * 1000)}-0"
+        )
     pipe.execute()
     got = list(frames(r, Source(LIVE, ["n1"], 0.1), window(100)))
     assert [f["seq"] for f in got] == list(range(520))

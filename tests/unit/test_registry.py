@@ -26,8 +26,16 @@ def now_ms() -> int:
 
 def test_heartbeat_creates_and_updates_a_node(app: Flask) -> None:
     t = now_ms()
-    gpu = {"index": 0, "uuid": "GPU-1", "name": "H100", "memory_total_bytes": 80 * 10**9, "utilization_percent": 7}
-    assert apply_heartbeats([entry(t - 1000, "n1", cpu_count=4), entry(t, "n1", cpu_count=8, gpus=[gpu])]) == 1
+    gpu = {
+        "index": 0,
+        "uuid": "GPU-1",
+        "name": "H100",
+        "memory_total_bytes": 80 * 10**9,
+        "utilization_percent": 7,
+    }
+    assert (
+        apply_heartbeats([entry(t - 1000, "n1", cpu_count=4), entry(t, "n1", cpu_count=8, gpus=[gpu])]) == 1
+    )
     node = db.session.get(Node, "n1")
     assert node.cpu_count == 8  # the newest heartbeat of the batch wins
     assert [(g.index, g.name) for g in node.gpus] == [(0, "H100")]

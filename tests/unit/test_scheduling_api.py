@@ -33,12 +33,18 @@ def test_simulate_and_validate_through_the_api(client: FlaskClient, admin_token:
         assert r.status_code == 200, r.json
         out = r.json
         assert out["summary"]["policy"] == policy and out["executions"]
-        assert {"request_id", "node_id", "gpu_id", "gpus", "switch_time", "loaded_from"} <= set(out["executions"][0])
-        r = client.post("/api/v1/scheduling/validate", json={**_inputs(), "schedule": out}, headers=bearer(admin_token))
+        assert {"request_id", "node_id", "gpu_id", "gpus", "switch_time", "loaded_from"} <= set(
+            out["executions"][0]
+        )
+        r = client.post(
+            "/api/v1/scheduling/validate", json={**_inputs(), "schedule": out}, headers=bearer(admin_token)
+        )
         assert r.status_code == 200 and r.json == {"valid": True, "violations": []}
     broken = json.loads(json.dumps(out))
     broken["executions"] = broken["executions"][1:]  # a step that never ran
-    r = client.post("/api/v1/scheduling/validate", json={**_inputs(), "schedule": broken}, headers=bearer(admin_token))
+    r = client.post(
+        "/api/v1/scheduling/validate", json={**_inputs(), "schedule": broken}, headers=bearer(admin_token)
+    )
     assert r.status_code == 200 and not r.json["valid"] and r.json["violations"]
 
 
@@ -63,8 +69,20 @@ def test_the_fleet_as_the_scheduler_sees_it(app: Flask, client: FlaskClient, adm
     from gswarm_web.extensions import db
     from gswarm_web.tables import Model, ModelLocation
 
-    gpu = {"index": 0, "uuid": "GPU-1", "name": "H100", "memory_total_bytes": 80 * 2**30, "memory_used_bytes": 2**30}
-    beat = {"node": "node1", "gpus": [gpu], "dram_total_bytes": 2**36, "dram_available_bytes": 2**35, "storage": {}}
+    gpu = {
+        "index": 0,
+        "uuid": "GPU-1",
+        "name": "H100",
+        "memory_total_bytes": 80 * 2**30,
+        "memory_used_bytes": 2**30,
+    }
+    beat = {
+        "node": "node1",
+        "gpus": [gpu],
+        "dram_total_bytes": 2**36,
+        "dram_available_bytes": 2**35,
+        "storage": {},
+    }
     ms = int(datetime.now(UTC).timestamp() * 1000)
     apply_heartbeats([(f"{ms}-0".encode(), {b"data": json.dumps(beat).encode()})])
     model = Model(name="m", model_type="llm", model_size=3 * 2**30, meta={}, locations=[])

@@ -69,14 +69,26 @@ def test_a_corrupted_schedule_exits_1_and_says_why(traced: Path) -> None:
 def test_bad_input_exits_2_naming_the_field(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         schedule,
-        ["simulate", "--config", str(DATA / "dangling_config.json"), "--requests", str(DATA / "hand_requests.yaml")]
+        [
+            "simulate",
+            "--config",
+            str(DATA / "dangling_config.json"),
+            "--requests",
+            str(DATA / "hand_requests.yaml"),
+        ]
         + ["--gpus", "2"],
     )
     assert result.exit_code == 2
     assert "config.workflows.code_analysis.edges[1].from" in result.output
     result = CliRunner().invoke(
         schedule,
-        ["simulate", "--config", str(DATA / "tiny_config.json"), "--requests", str(DATA / "hand_requests.yaml")],
+        [
+            "simulate",
+            "--config",
+            str(DATA / "tiny_config.json"),
+            "--requests",
+            str(DATA / "hand_requests.yaml"),
+        ],
     )
     assert result.exit_code == 2 and "gpus" in result.output
 
@@ -84,7 +96,13 @@ def test_bad_input_exits_2_naming_the_field(tmp_path: Path) -> None:
 def test_the_original_files_simulate_on_a_fleet(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         schedule,
-        ["simulate", "--config", str(DATA / "tiny_config.json"), "--requests", str(DATA / "original_requests.yaml")]
+        [
+            "simulate",
+            "--config",
+            str(DATA / "tiny_config.json"),
+            "--requests",
+            str(DATA / "original_requests.yaml"),
+        ]
         + ["--fleet", str(DATA / "fleet.yaml"), "--output", "-"],
     )
     assert result.exit_code == 0, result.output
@@ -102,7 +120,9 @@ def test_plot_draws_schedules_side_by_side(traced: Path) -> None:
 
 
 def test_generate_writes_the_original_trace_format_to_stdout() -> None:
-    result = CliRunner().invoke(schedule, ["generate", "--count", "3", "--workflow", "code_review", "--seed", "1"])
+    result = CliRunner().invoke(
+        schedule, ["generate", "--count", "3", "--workflow", "code_review", "--seed", "1"]
+    )
     assert result.exit_code == 0, result.output
     assert result.output.startswith("requests:\n- request_id: req_00000\n")
     assert "node_execution_times:" in result.output and "workflow_id: code_review" in result.output

@@ -12,7 +12,15 @@ import pytest
 import yaml
 
 from gswarm_tasks.errors import InvalidRequest
-from gswarm_web.scheduling import Fleet, Workload, fleet_from_view, fleet_view, load_config, load_fleet, parse_config
+from gswarm_web.scheduling import (
+    Fleet,
+    Workload,
+    fleet_from_view,
+    fleet_view,
+    load_config,
+    load_fleet,
+    parse_config,
+)
 from gswarm_web.scheduling.api import prepare
 from gswarm_web.scheduling.fleet import GB, parse_fleet
 from gswarm_web.scheduling.workload import parse_requests
@@ -67,7 +75,10 @@ def test_cycle_is_refused() -> None:
         (lambda d: d["models"]["llm"].update(gpus_required=0), "config.models.llm.gpus_required"),
         (lambda d: d["models"]["img"].update(load_time_seconds=-1), "config.models.img.load_time_seconds"),
         (lambda d: d["models"]["img"].update(load_time_seconds="10"), "config.models.img.load_time_seconds"),
-        (lambda d: d["workflows"]["chain"]["nodes"][1].update(model="ghost"), "config.workflows.chain.nodes[1].model"),
+        (
+            lambda d: d["workflows"]["chain"]["nodes"][1].update(model="ghost"),
+            "config.workflows.chain.nodes[1].model",
+        ),
         (lambda d: d["workflows"]["chain"]["nodes"][1].update(id="a"), "config.workflows.chain.nodes[1].id"),
         (lambda d: d["workflows"]["pair"]["edges"][0].update(to="x"), "config.workflows.pair.edges[0]"),
         (lambda d: d.update(workflows={}), "config.workflows"),
@@ -199,7 +210,11 @@ LIVE_NODES = [
     },
 ]
 LIVE_MODELS = [
-    {"name": "llm", "size_bytes": 14 * GB, "locations": ["node1:gpu0", "node1:dram", "node1:disk", "node3:disk"]},
+    {
+        "name": "llm",
+        "size_bytes": 14 * GB,
+        "locations": ["node1:gpu0", "node1:dram", "node1:disk", "node3:disk"],
+    },
     {"name": "img", "size_bytes": 6 * GB, "locations": ["node2:disk"]},
 ]
 

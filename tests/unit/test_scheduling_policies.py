@@ -54,7 +54,9 @@ def test_every_policy_is_valid_on_generated_traces(policy: str, kind: str, mode:
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_every_policy_is_valid_on_a_tiered_fleet_with_memory_capacity(policy: str) -> None:
     fleet_doc = parse_fleet(TIERED)
-    workload, fleet = prepare(parse_config(bench_config()), trace("mixed", requests=60), None, fleet_doc, "online")
+    workload, fleet = prepare(
+        parse_config(bench_config()), trace("mixed", requests=60), None, fleet_doc, "online"
+    )
     doc = run(workload, fleet, policy)
     assert [str(v) for v in validate(doc, workload, fleet)] == []
     tiers = {e["loaded_from"] for e in doc["executions"]}
@@ -102,7 +104,9 @@ def test_known_optimum_critical_path_first_on_two_gpus() -> None:
     # One model, loads free: a chain of three 5 s steps and four independent 2.5 s steps. Optimal = the chain's
     # 15 s on one GPU while the other takes the short steps; starting short steps first on both GPUs costs more.
     config = {
-        "models": {"m": {"memory_gb": 1, "gpus_required": 1, "load_time_seconds": 0, "inference_time_mean": 1}},
+        "models": {
+            "m": {"memory_gb": 1, "gpus_required": 1, "load_time_seconds": 0, "inference_time_mean": 1}
+        },
         "workflows": {
             "chain": {
                 "nodes": [{"id": n, "model": "m", "inputs": [], "outputs": []} for n in ("c1", "c2", "c3")],

@@ -29,7 +29,9 @@ def hand() -> dict[str, Any]:
 
 def checks(doc: dict[str, Any], mode: str = "online") -> set[str]:
     config = load_config(DATA / "tiny_config.json")
-    workload, fleet = prepare(config, yaml.safe_load((DATA / "hand_requests.yaml").read_text()), 2, None, mode)
+    workload, fleet = prepare(
+        config, yaml.safe_load((DATA / "hand_requests.yaml").read_text()), 2, None, mode
+    )
     return {v.check for v in validate(doc, workload, fleet, mode)}
 
 
@@ -69,11 +71,15 @@ def free_switch(doc: dict[str, Any]) -> None:
 
 def cheap_switch(doc: dict[str, Any]) -> None:
     step(doc, "r2", "y").update(start_time=49.0, end_time=52.0, switch_time=2.0)  # a 10 s load paid as 2 s
-    doc["summary"].update(makespan=52.0, load_seconds=57.0, request_latency_p50=36.0, request_latency_p99=50.7)
+    doc["summary"].update(
+        makespan=52.0, load_seconds=57.0, request_latency_p50=36.0, request_latency_p99=50.7
+    )
 
 
 def load_counted_wrongly(doc: dict[str, Any]) -> None:
-    doc["summary"]["model_loads"] = 4  # the 2-GPU load counted once, as the original counted its first GPU only
+    doc["summary"]["model_loads"] = (
+        4  # the 2-GPU load counted once, as the original counted its first GPU only
+    )
 
 
 def one_gpu_for_a_two_gpu_model(doc: dict[str, Any]) -> None:
@@ -91,7 +97,9 @@ def shortened(doc: dict[str, Any]) -> None:
 
 def before_arrival(doc: dict[str, Any]) -> None:
     # r2 arrives at 1; `x` made to begin its load at 0.5 on GPU 1 (and `b` moved out of its way)
-    step(doc, "r1", "b").update(gpus=[0], gpu_id=0, start_time=14.0, end_time=16.0, switch_time=0.0, loaded_from="gpu")
+    step(doc, "r1", "b").update(
+        gpus=[0], gpu_id=0, start_time=14.0, end_time=16.0, switch_time=0.0, loaded_from="gpu"
+    )
     step(doc, "r2", "x").update(start_time=20.5, end_time=26.5)
 
 
@@ -110,7 +118,9 @@ CORRUPTIONS: list[tuple[Callable[[dict[str, Any]], None], str]] = [
 
 
 @pytest.mark.parametrize(("corrupt", "check"), CORRUPTIONS, ids=[c.__name__ for c, _ in CORRUPTIONS])
-def test_each_corruption_is_rejected_by_its_check(corrupt: Callable[[dict[str, Any]], None], check: str) -> None:
+def test_each_corruption_is_rejected_by_its_check(
+    corrupt: Callable[[dict[str, Any]], None], check: str
+) -> None:
     doc = hand()
     corrupt(doc)
     assert check in checks(doc)
@@ -128,7 +138,9 @@ def test_the_overlap_found_is_on_the_second_gpu_of_the_two_gpu_step() -> None:
     doc = hand()
     overlap_on_second_gpu(doc)
     config = load_config(DATA / "tiny_config.json")
-    workload, fleet = prepare(config, yaml.safe_load((DATA / "hand_requests.yaml").read_text()), 2, None, "online")
+    workload, fleet = prepare(
+        config, yaml.safe_load((DATA / "hand_requests.yaml").read_text()), 2, None, "online"
+    )
     found = [v for v in validate(doc, workload, fleet) if v.check == "overlap"]
     assert len(found) == 1 and found[0].message.startswith("GPU 1 ")
 

@@ -25,7 +25,9 @@ from tests.harness.app import bearer
 M = Path("/models/llama")
 
 
-def argv(engine: str, params: dict[str, Any] | None = None, trust: bool = False, device: str = "cpu") -> list[str]:
+def argv(
+    engine: str, params: dict[str, Any] | None = None, trust: bool = False, device: str = "cpu"
+) -> list[str]:
     return server_argv(DEFAULTS[engine], M, "llama", "10.0.0.5", 8100, device, params or {}, trust, 1)
 
 
@@ -41,7 +43,15 @@ def test_each_preset_starts_its_engine_as_its_documentation_says() -> None:
     assert argv("sglang") == ["python", "-m", "sglang.launch_server", "--model-path", str(M), "--host", "10.0.0.5",
                               "--port", "8100", "--served-model-name", "llama"]  # fmt: skip
     # TGI: `text-generation-launcher --model-id --hostname --port` (launcher arguments)
-    assert argv("tgi") == ["text-generation-launcher", "--model-id", str(M), "--hostname", "10.0.0.5", "--port", "8100"]
+    assert argv("tgi") == [
+        "text-generation-launcher",
+        "--model-id",
+        str(M),
+        "--hostname",
+        "10.0.0.5",
+        "--port",
+        "8100",
+    ]
     # llama.cpp: `llama-server -m <gguf> --host --port`, `--alias` names the model in answers (tools/server README)
     # and `--metrics` for its /metrics (llamacpp:*)
     assert argv("llama.cpp") == ["llama-server", "-m", str(M), "--host", "10.0.0.5", "--port", "8100",
@@ -79,7 +89,12 @@ def test_llama_cpp_parameters_and_no_remote_code_flag() -> None:
     ("config", "engine", "field", "words"),
     [
         ({"command": "touch /tmp/pwned"}, None, "config.command", "configured on the node"),
-        ({"backend": "command", "command": "touch /tmp/pwned"}, None, "config.command", "configured on the node"),
+        (
+            {"backend": "command", "command": "touch /tmp/pwned"},
+            None,
+            "config.command",
+            "configured on the node",
+        ),
         ({"backend": "command"}, None, "config.backend", "serving.engines"),
         ({"framework": "nonsense"}, None, "config.framework", "builtin, vllm, sglang, tgi, llama.cpp"),
         ({}, "nonsense", "engine", "the presets are"),
@@ -102,7 +117,10 @@ def test_a_request_chooses_a_preset_and_its_parameters_never_a_command(
 
 def test_framework_and_backend_select_a_preset() -> None:
     assert choose({"framework": "vllm"}, DEFAULTS) == ("vllm", {})
-    assert choose({"backend": "llama.cpp", "max_model_len": 512}, DEFAULTS) == ("llama.cpp", {"max_model_len": 512})
+    assert choose({"backend": "llama.cpp", "max_model_len": 512}, DEFAULTS) == (
+        "llama.cpp",
+        {"max_model_len": 512},
+    )
     assert choose({}, DEFAULTS) == ("builtin", {})
     assert choose({}, DEFAULTS, default="tgi") == ("tgi", {})
     assert choose({"engine": "vllm"}, DEFAULTS, default="builtin") == ("vllm", {})
@@ -129,7 +147,10 @@ def test_a_nodes_config_overrides_and_adds_presets(tmp_path: Path) -> None:
     ("engines", "words"),
     [
         ('{"vllm": "vllm serve {path} --port {port} {token}"}', "KeyError: 'token'"),
-        ('{"vllm": "vllm serve {path --port {port}"}', "is not a template of {host} {model} {path} {port} {python}"),
+        (
+            '{"vllm": "vllm serve {path --port {port}"}',
+            "is not a template of {host} {model} {path} {port} {python}",
+        ),
         ('{"builtin": "x {path}"}', "other than builtin"),
         ('{"x": {"command": "x", "shell": true}}', "serving.engines.x.shell"),
         ('["vllm"]', "a mapping"),
@@ -143,7 +164,9 @@ def test_a_bad_preset_in_the_config_stops_the_start(tmp_path: Path, engines: str
 
 def test_the_removed_command_setting_is_an_error_not_ignored(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
-        load_settings({"GSWARM_HOME": str(tmp_path), "GSWARM_CONFIG": "", "GSWARM_SERVE_COMMAND": "vllm serve {path}"})
+        load_settings(
+            {"GSWARM_HOME": str(tmp_path), "GSWARM_CONFIG": "", "GSWARM_SERVE_COMMAND": "vllm serve {path}"}
+        )
     assert "serving.engines" in err.value.message
 
 

@@ -22,7 +22,9 @@ def test_defaults_live_under_home(tmp_path: Path) -> None:
 def test_config_file_then_environment(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("cluster:\n  http_port: 9000\nqueue:\n  retry_count: 7\nmodels:\n  cache_size: 2GiB\n")
-    s = load_settings({"GSWARM_HOME": str(tmp_path), "GSWARM_CONFIG": str(cfg), "GSWARM_QUEUE_RETRY_COUNT": "5"})
+    s = load_settings(
+        {"GSWARM_HOME": str(tmp_path), "GSWARM_CONFIG": str(cfg), "GSWARM_QUEUE_RETRY_COUNT": "5"}
+    )
     assert s.api_port == 9000
     assert s.retry_count == 5  # the environment wins over the file
     assert s.cache_size == 2 * 1024**3
@@ -46,7 +48,11 @@ def test_bad_values_name_the_variable(tmp_path: Path) -> None:
 def test_visibility_timeout_must_exceed_task_timeout(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
         load_settings(
-            {"GSWARM_HOME": str(tmp_path), "GSWARM_QUEUE_TASK_TIMEOUT": "100", "GSWARM_QUEUE_VISIBILITY_TIMEOUT": "100"}
+            {
+                "GSWARM_HOME": str(tmp_path),
+                "GSWARM_QUEUE_TASK_TIMEOUT": "100",
+                "GSWARM_QUEUE_VISIBILITY_TIMEOUT": "100",
+            }
         )
     assert "visibility_timeout" in exc.value.message
 

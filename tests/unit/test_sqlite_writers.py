@@ -55,7 +55,10 @@ TWO_GREENLETS = textwrap.dedent(
 
 def test_two_writers_of_one_gevent_process_both_commit(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-c", TWO_GREENLETS, str(tmp_path / "db.sqlite")], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", TWO_GREENLETS, str(tmp_path / "db.sqlite")],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout)
@@ -99,7 +102,9 @@ def test_a_write_that_cannot_get_the_lock_is_503_with_retry_after(
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another process writing for longer than a request waits
     try:
-        r = client.post("/api/v1/tokens", json={"name": "late", "role": "read-only"}, headers=bearer(admin_token))
+        r = client.post(
+            "/api/v1/tokens", json={"name": "late", "role": "read-only"}, headers=bearer(admin_token)
+        )
     finally:
         holder.execute("ROLLBACK")
     from gswarm_web.extensions import db

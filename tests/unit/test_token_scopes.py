@@ -16,7 +16,9 @@ def test_an_inference_token_scoped_to_models(client: FlaskClient, admin_token: s
     r = client.post("/v1/embeddings", json={"model": "other", "input": "x"}, headers=bearer(scoped))
     assert r.status_code == 403 and r.json["error"]["details"] == {"field": "model", "models": ["minilm"]}
     r = client.post("/v1/embeddings", json={"model": "minilm", "input": "x"}, headers=bearer(scoped))
-    assert r.status_code == 404 and r.json["error"]["code"] == "MODEL_NOT_FOUND"  # allowed, just not served here
+    assert (
+        r.status_code == 404 and r.json["error"]["code"] == "MODEL_NOT_FOUND"
+    )  # allowed, just not served here
     r = client.get("/v1/models", headers=bearer(scoped))
     assert r.status_code == 200 and r.json["data"] == []
     listed = client.get("/api/v1/tokens", headers=bearer(admin_token)).json

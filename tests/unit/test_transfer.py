@@ -68,10 +68,14 @@ def test_file_server_serves_ranges_and_refuses_the_rest(served: tuple[FileServer
     assert get(server, "/files/disk/models/m/../../secret.txt", tok)[0] == 403
     assert get(server, "/files/disk/models/m/%2e%2e/%2e%2e/secret.txt", tok)[0] == 403
     assert get(server, "/files/disk/models/m/missing.bin", tok)[0] == 404
-    assert get(server, "/files/dram/models/m/big.bin", sign_token(SECRET, "n1", "dram/models/m", 60))[0] == 403
+    assert (
+        get(server, "/files/dram/models/m/big.bin", sign_token(SECRET, "n1", "dram/models/m", 60))[0] == 403
+    )
 
 
-def test_pull_verifies_and_resumes_after_an_interruption(served: tuple[FileServer, Path, dict], tmp_path: Path) -> None:
+def test_pull_verifies_and_resumes_after_an_interruption(
+    served: tuple[FileServer, Path, dict], tmp_path: Path
+) -> None:
     server, root, manifest = served
     tok = sign_token(SECRET, "n1", "disk/models/m", 60)
     dest = tmp_path / "dest"
@@ -85,7 +89,16 @@ def test_pull_verifies_and_resumes_after_an_interruption(served: tuple[FileServe
             raise ConnectionResetError("simulated: the source went away")
 
     with pytest.raises(NetworkError):
-        pull_files("127.0.0.1", server.port, tok, "disk/models/m", manifest, dest, streams=1, progress=die_after_first)
+        pull_files(
+            "127.0.0.1",
+            server.port,
+            tok,
+            "disk/models/m",
+            manifest,
+            dest,
+            streams=1,
+            progress=die_after_first,
+        )
     assert (dest / ".gswarm-transfer.json").exists()
     fetched = pull_files("127.0.0.1", server.port, tok, "disk/models/m", manifest, dest, streams=2)
     assert BLOCK <= total - fetched  # at least the first block was not fetched again
@@ -110,7 +123,14 @@ def test_bandwidth_limit_is_honoured(served: tuple[FileServer, Path, dict], tmp_
     tok = sign_token(SECRET, "n1", "disk/models/m", 60)
     t0 = time.monotonic()
     pull_files(
-        "127.0.0.1", server.port, tok, "disk/models/m", manifest, tmp_path / "d", streams=4, bandwidth_limit=20_000_000
+        "127.0.0.1",
+        server.port,
+        tok,
+        "disk/models/m",
+        manifest,
+        tmp_path / "d",
+        streams=4,
+        bandwidth_limit=20_000_000,
     )
     assert time.monotonic() - t0 >= manifest["total_bytes"] / 20_000_000 - 0.3
 

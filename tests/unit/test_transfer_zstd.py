@@ -48,7 +48,9 @@ def test_accept_encoding_is_read_as_http_says() -> None:
     assert not wants_zstd(None) and not wants_zstd("gzip, br") and not wants_zstd("zstd;q=0")
 
 
-def test_a_range_comes_compressed_and_the_connection_serves_the_next(served: tuple[FileServer, Path, dict]) -> None:
+def test_a_range_comes_compressed_and_the_connection_serves_the_next(
+    served: tuple[FileServer, Path, dict],
+) -> None:
     server, root, _ = served
     data = (root / "models/m/dense.bin").read_bytes()
     c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
@@ -90,7 +92,9 @@ def test_pull_with_and_without_zstd_is_byte_identical(
         assert stats["wire_bytes"] == total
 
 
-def test_a_zstd_pull_resumes_after_an_interruption(served: tuple[FileServer, Path, dict], tmp_path: Path) -> None:
+def test_a_zstd_pull_resumes_after_an_interruption(
+    served: tuple[FileServer, Path, dict], tmp_path: Path
+) -> None:
     server, _, manifest = served
     dest = tmp_path / "dest"
     seen = {"n": 0}
@@ -104,7 +108,9 @@ def test_a_zstd_pull_resumes_after_an_interruption(served: tuple[FileServer, Pat
         pull_files("127.0.0.1", server.port, token(), "disk/models/m", manifest, dest, streams=1,
                    progress=die_after_first, compression="zstd")  # fmt: skip
     assert (dest / ".gswarm-transfer.json").exists()
-    fetched = pull_files("127.0.0.1", server.port, token(), "disk/models/m", manifest, dest, compression="zstd")
+    fetched = pull_files(
+        "127.0.0.1", server.port, token(), "disk/models/m", manifest, dest, compression="zstd"
+    )
     assert BLOCK <= manifest["total_bytes"] - fetched  # the first block was kept
     for entry in manifest["files"]:
         assert hash_file(dest / entry["path"])["sha256"] == entry["sha256"]
@@ -118,5 +124,7 @@ def test_a_corrupted_source_fails_verification_through_zstd(
         f.seek(BLOCK + 7)
         f.write(b"\xff\xfe")
     with pytest.raises(VerificationError, match="dense.bin"):
-        pull_files("127.0.0.1", server.port, token(), "disk/models/m", manifest, tmp_path / "d", compression="zstd")
+        pull_files(
+            "127.0.0.1", server.port, token(), "disk/models/m", manifest, tmp_path / "d", compression="zstd"
+        )
     assert not (tmp_path / "d" / "dense.bin").exists()

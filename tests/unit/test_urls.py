@@ -69,8 +69,15 @@ def test_one_canonical_form() -> None:
 
 
 def test_allowlists_name_hosts_ports_addresses_and_networks() -> None:
-    allow = Allow.of(["allowed.example", "127.0.0.1:8000", "10.0.0.0/8", "[fd00::1]:9000"], "data.allowed_hosts")
-    ok = ["http://allowed.example/x", "https://allowed.example:4443/", "http://127.0.0.1:8000/", "http://10.9.8.7/"]
+    allow = Allow.of(
+        ["allowed.example", "127.0.0.1:8000", "10.0.0.0/8", "[fd00::1]:9000"], "data.allowed_hosts"
+    )
+    ok = [
+        "http://allowed.example/x",
+        "https://allowed.example:4443/",
+        "http://127.0.0.1:8000/",
+        "http://10.9.8.7/",
+    ]
     ok += ["http://[fd00::1]:9000/"]
     for url in ok:
         assert allow.permits(parse_url(url)), url
@@ -82,7 +89,9 @@ def test_allowlists_name_hosts_ports_addresses_and_networks() -> None:
         allow.check(parse_url("http://169.254.169.254/latest/meta-data", "source"), "source")
 
 
-def test_the_ssrf_url_reaches_nothing_at_submission_or_on_the_node(internal: Recorder, tmp_path: Path) -> None:
+def test_the_ssrf_url_reaches_nothing_at_submission_or_on_the_node(
+    internal: Recorder, tmp_path: Path
+) -> None:
     s = Settings(home=str(tmp_path), data_allowed_hosts=("allowed.example",))
     url = SSRF.format(port=internal.port)
     with pytest.raises(InvalidRequest, match="^source: .*backslash"):
@@ -105,9 +114,13 @@ def test_a_redirect_to_another_host_is_not_followed(internal: Recorder, tmp_path
         front.close()
 
 
-def test_a_name_resolving_to_a_private_address_needs_that_address_listed(internal: Recorder, tmp_path: Path) -> None:
+def test_a_name_resolving_to_a_private_address_needs_that_address_listed(
+    internal: Recorder, tmp_path: Path
+) -> None:
     url = f"http://localhost:{internal.port}/a/../data.bin"
-    with pytest.raises(InvalidRequest, match="^source: .* resolves to 127.0.0.1, a private address not named"):
+    with pytest.raises(
+        InvalidRequest, match="^source: .* resolves to 127.0.0.1, a private address not named"
+    ):
         fetch_into(url, tmp_path / "out", Settings(home=str(tmp_path), data_allowed_hosts=("localhost",)))
     assert internal.hits == []
     s = Settings(home=str(tmp_path), data_allowed_hosts=("localhost", "127.0.0.0/8"))
@@ -136,7 +149,9 @@ def test_hugging_face_urls_name_the_hub_or_the_configured_endpoint(monkeypatch: 
             parse_source(bad, [])
 
 
-def test_a_node_refuses_a_health_check_or_inference_nobody_allowed(internal: Recorder, tmp_path: Path) -> None:
+def test_a_node_refuses_a_health_check_or_inference_nobody_allowed(
+    internal: Recorder, tmp_path: Path
+) -> None:
     """What the node does when a step reaches it with a URL (handed directly, or a spec edited in Redis)."""
     from types import SimpleNamespace
 
@@ -149,7 +164,9 @@ def test_a_node_refuses_a_health_check_or_inference_nobody_allowed(internal: Rec
     with pytest.raises(InvalidRequest, match="^target_url: host .* not in workflows.allowed_hosts"):
         _health_check(task, spec, {"target_url": f"{here}/health"}, None)
     with pytest.raises(InvalidRequest, match="^service_url: host .* not in workflows.allowed_hosts"):
-        run_inference(here, "/v1/embeddings", None, b"text", "c", allow=Allow.of([], "workflows.allowed_hosts"))
+        run_inference(
+            here, "/v1/embeddings", None, b"text", "c", allow=Allow.of([], "workflows.allowed_hosts")
+        )
     assert internal.hits == []
     # The origin the control plane allowed at submission, or the service a serve step of the workflow started.
     allowed = {"params": {"target_url": f"{here}/health"}, "allowed_origins": [parse_url(here).origin]}

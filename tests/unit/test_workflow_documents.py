@@ -43,8 +43,14 @@ def test_the_alias_bomb_is_refused_before_it_expands() -> None:
 def test_deep_nesting_stops_the_parse_at_the_bound() -> None:
     # libyaml takes 37 s to parse 100,000 levels and its composer crashes on them (a segfault): the parse stops at 65
     # (or where libyaml's own guard stops its scanner, which reads flow collections ahead: the same refusal).
-    for text in ("[" * 100_000 + "]" * 100_000, "".join(" " * i + "a:\n" for i in range(200)), "[" * 65 + "]" * 65):
-        with pytest.raises(InvalidRequest, match=r"^document: nested deeper than 64 levels \(line \d+\)$") as caught:
+    for text in (
+        "[" * 100_000 + "]" * 100_000,
+        "".join(" " * i + "a:\n" for i in range(200)),
+        "[" * 65 + "]" * 65,
+    ):
+        with pytest.raises(
+            InvalidRequest, match=r"^document: nested deeper than 64 levels \(line \d+\)$"
+        ) as caught:
             load_document(text)
         assert caught.value.details == {"field": "document"}
     nested: Any = "leaf"
@@ -127,13 +133,38 @@ def test_validation_memory_grows_linearly(ref: str) -> None:
 @pytest.mark.parametrize(
     ("action", "field", "message"),
     [
-        ({"action_type": "health_check", "target_url": "http://127.0.0.1:1\\@ok.example/"}, "target_url", "backslash"),
-        ({"action_type": "health_check", "target_url": "http://u@ok.example/"}, "target_url", "user information"),
-        ({"action_type": "health_check", "target_url": "${n.service_url}/health"}, "target_url", "from a serve"),
-        ({"action_type": "health_check", "target_url": "${s.service_url}@evil/"}, "target_url", "followed by a path"),
-        ({"action_type": "health_check", "target_url": "http://x/${s.service_url}"}, "target_url", "followed by a"),
         (
-            {"action_type": "inference", "input": "c", "service": "gopher://x", "output_device": "node1:dram"},
+            {"action_type": "health_check", "target_url": "http://127.0.0.1:1\\@ok.example/"},
+            "target_url",
+            "backslash",
+        ),
+        (
+            {"action_type": "health_check", "target_url": "http://u@ok.example/"},
+            "target_url",
+            "user information",
+        ),
+        (
+            {"action_type": "health_check", "target_url": "${n.service_url}/health"},
+            "target_url",
+            "from a serve",
+        ),
+        (
+            {"action_type": "health_check", "target_url": "${s.service_url}@evil/"},
+            "target_url",
+            "followed by a path",
+        ),
+        (
+            {"action_type": "health_check", "target_url": "http://x/${s.service_url}"},
+            "target_url",
+            "followed by a",
+        ),
+        (
+            {
+                "action_type": "inference",
+                "input": "c",
+                "service": "gopher://x",
+                "output_device": "node1:dram",
+            },
             "service",
             "scheme",
         ),
@@ -164,6 +195,8 @@ def test_json_depth_is_measured_without_parsing() -> None:
     assert not json_depth_over(b"[" * 64 + b"]" * 64)
     assert json_depth_over(b"[" * 65 + b"]" * 65)
     assert json_depth_over(b"[" * 10_000)  # unclosed levels count too
-    assert not json_depth_over(json.dumps({"s": "[" * 100 + '\\"' + "{" * 100}).encode())  # brackets in strings
+    assert not json_depth_over(
+        json.dumps({"s": "[" * 100 + '\\"' + "{" * 100}).encode()
+    )  # brackets in strings
     assert json_depth_over(b'{"a": "\\\\", "b": ' + b"[" * 70 + b"]" * 70 + b"}")  # an escaped backslash ends
     assert not json_depth_over(json.dumps([{"a": [1, {"b": [2]}]}] * 10_000).encode())

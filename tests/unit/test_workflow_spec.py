@@ -46,19 +46,43 @@ def noop(aid: str, *deps: str, **kw: object) -> dict:
         (doc({"action_id": "a", "action_type": "teleport"}), "actions[a].action_type"),
         (doc(noop("a", colour="red")), "actions[a].colour"),
         (
-            doc({"action_id": "d", "action_type": "download", "model_name": "m", "target_device": "node1:tape"}),
+            doc(
+                {
+                    "action_id": "d",
+                    "action_type": "download",
+                    "model_name": "m",
+                    "target_device": "node1:tape",
+                }
+            ),
             "actions[d].target_device",
         ),
         (
-            doc({"action_id": "d", "action_type": "move", "model_name": "m", "devices": ["node1:disk", "Node_1:gpu0"]}),
+            doc(
+                {
+                    "action_id": "d",
+                    "action_type": "move",
+                    "model_name": "m",
+                    "devices": ["node1:disk", "Node_1:gpu0"],
+                }
+            ),
             "actions[d].target_device",
         ),
         (
-            doc({"action_id": "d", "action_type": "download", "model_name": "../x", "target_device": "node1:disk"}),
+            doc(
+                {
+                    "action_id": "d",
+                    "action_type": "download",
+                    "model_name": "../x",
+                    "target_device": "node1:disk",
+                }
+            ),
             "actions[d].model_name",
         ),
         (doc(noop("a"), noop("b", outputs={"x": "${a.missing}"})), "actions[b].outputs.x"),
-        (doc(noop("a"), noop("b", outputs={"x": "${a.output}"})), "actions[b].outputs.x"),  # b does not depend on a
+        (
+            doc(noop("a"), noop("b", outputs={"x": "${a.output}"})),
+            "actions[b].outputs.x",
+        ),  # b does not depend on a
         (doc(noop("a"), noop("b", "a", outputs={"x": "${ghost.output}"})), "actions[b].outputs.x"),
         (doc(noop("a", retries=-1)), "actions[a].retries"),
         (doc(noop("a", priority="urgent")), "actions[a].priority"),
@@ -70,7 +94,10 @@ def noop(aid: str, *deps: str, **kw: object) -> dict:
             doc({"action_id": "s", "action_type": "serve", "model_name": "m", "device": "auto:tape"}),
             "actions[s].device",
         ),
-        (doc({"action_id": "h", "action_type": "health_check", "target_url": "ftp://x"}), "actions[h].target_url"),
+        (
+            doc({"action_id": "h", "action_type": "health_check", "target_url": "ftp://x"}),
+            "actions[h].target_url",
+        ),
     ],
 )
 def test_mistakes_are_refused_naming_action_and_field(document: dict, field: str) -> None:
@@ -95,7 +122,9 @@ def test_bad_yaml_is_invalid_request() -> None:
 
 def test_segments_never_add_a_barrier() -> None:
     # a -> c, a -> d, b -> d (not series-parallel): c must not wait for b.
-    wf = validate(doc(noop("a"), noop("b"), noop("c", "a"), noop("d", "a", "b"), noop("e", "c"), noop("f", "e")))
+    wf = validate(
+        doc(noop("a"), noop("b"), noop("c", "a"), noop("d", "a", "b"), noop("e", "c"), noop("f", "e"))
+    )
     segs = [[a.id for a in s] for s in segments(wf)]
     assert sorted(segs) == [["a"], ["b"], ["c", "e", "f"], ["d"]]
     chain = validate(doc(*[noop(f"s{i}", *([f"s{i - 1}"] if i else [])) for i in range(5)]))
@@ -130,9 +159,17 @@ def test_data_actions_normalize_their_devices() -> None:
 @pytest.mark.parametrize(
     ("action", "field"),
     [
-        ({"action_type": "data_move", "data_id": "c", "target_device": "node1:gpu0"}, "actions[x].target_device"),
         (
-            {"action_type": "data_transfer", "data_id": "c", "target_node": "node2", "target_device": "node1:dram"},
+            {"action_type": "data_move", "data_id": "c", "target_device": "node1:gpu0"},
+            "actions[x].target_device",
+        ),
+        (
+            {
+                "action_type": "data_transfer",
+                "data_id": "c",
+                "target_node": "node2",
+                "target_device": "node1:dram",
+            },
             "actions[x].target_device",
         ),
         ({"action_type": "inference", "input": "c", "output_device": "node1:dram"}, "actions[x].service_url"),
@@ -142,7 +179,12 @@ def test_data_actions_normalize_their_devices() -> None:
             "actions[x].format",
         ),
         (
-            {"action_type": "data_create", "source": "file:///x", "target_device": "node1:dram", "data_type": "tmp"},
+            {
+                "action_type": "data_create",
+                "source": "file:///x",
+                "target_device": "node1:dram",
+                "data_type": "tmp",
+            },
             "actions[x].data_type",
         ),
     ],

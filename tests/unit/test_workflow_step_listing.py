@@ -19,7 +19,9 @@ def test_steps_are_the_schemas_dump(app: Flask, client: FlaskClient, admin_token
     t0 = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     db.session.add(WorkflowRun(id="wf-1", name="w", status="running", document={}, started_at=t0))
     db.session.flush()  # the run before its steps (their foreign key)
-    placement = {"target_device": {"chosen": "n1:gpu0", "candidates": [{"device": "n1:gpu0", "seconds": 1.5}]}}
+    placement = {
+        "target_device": {"chosen": "n1:gpu0", "candidates": [{"device": "n1:gpu0", "seconds": 1.5}]}
+    }
     steps = [  # (segment, position, step, state, extra columns), inserted out of order
         (1, 0, "c", "pending", {"depends_on": ["a", "b"], "params": {"params": {}}}),
         (0, 1, "b", "succeeded", {"depends_on": ["a"], "started_at": t0, "finished_at": t0 + timedelta(seconds=2),

@@ -50,7 +50,12 @@ def test_device_fields_are_typed_values() -> None:
                     "dependencies": ["d"],
                 },  # fmt: skip
                 {"action_id": "s", "action_type": "serve", "model_name": "m", "dependencies": ["m"]},
-                {"action_id": "c", "action_type": "data_create", "data": "aGk=", "target_device": "node2:dram"},
+                {
+                    "action_id": "c",
+                    "action_type": "data_create",
+                    "data": "aGk=",
+                    "target_device": "node2:dram",
+                },
                 {
                     "action_id": "t",
                     "action_type": "data_move",
@@ -74,9 +79,21 @@ def test_device_fields_are_typed_values() -> None:
 @pytest.mark.parametrize(
     ("action", "field", "says"),
     [
-        ({"action_type": "delete", "model_name": "m", "device": "auto"}, "device", "placement does not choose"),
-        ({"action_type": "data_move", "data_id": "x-${c.chunk_id}", "target_device": "n:dram"}, "data_id", "one ref"),
-        ({"action_type": "data_move", "data_id": "c", "target_device": "${c}"}, "target_device", "not a reference"),
+        (
+            {"action_type": "delete", "model_name": "m", "device": "auto"},
+            "device",
+            "placement does not choose",
+        ),
+        (
+            {"action_type": "data_move", "data_id": "x-${c.chunk_id}", "target_device": "n:dram"},
+            "data_id",
+            "one ref",
+        ),
+        (
+            {"action_type": "data_move", "data_id": "c", "target_device": "${c}"},
+            "target_device",
+            "not a reference",
+        ),
         ({"action_type": "noop", "exclusive": ["n:gpu0", "auto"]}, "exclusive[1]", "name one"),
         ({"action_type": "noop", "exclusive": ["n:gpu0", 7]}, "exclusive[1]", "a device name is required"),
         ({"action_type": "noop", "timeout_s": 7200}, "timeout_s", "a number from 1 to 3600"),
@@ -102,7 +119,9 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     return calls
 
 
-def test_a_device_string_is_parsed_once_through_submission(app: Flask, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_device_string_is_parsed_once_through_submission(
+    app: Flask, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from datetime import UTC, datetime
 
     from gswarm_web.extensions import db

@@ -41,7 +41,9 @@ def main() -> None:
 
 
 def _forward(verb: str, target: tuple[str, ...]) -> None:
-    @main.command(verb, context_settings=FORWARD, help=f"`gswarm {' '.join(target)}` with the same arguments.")
+    @main.command(
+        verb, context_settings=FORWARD, help=f"`gswarm {' '.join(target)}` with the same arguments."
+    )
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     def forwarded(args: tuple[str, ...]) -> None:
         from .. import main as gswarm
@@ -62,7 +64,9 @@ for _verb, _target in MAPPED.items():
 @click.option("--http-port", type=int, default=None, help="The head's HTTP API: now `--http-port`.")
 @click.option("--background", is_flag=True)
 @click.option("--data-dir", default=None, help="Now GSWARM_HOME.")
-def start(host: str | None, port: int | None, http_port: int | None, background: bool, data_dir: str | None) -> None:
+def start(
+    host: str | None, port: int | None, http_port: int | None, background: bool, data_dir: str | None
+) -> None:
     """The head node: now `gswarm host start`."""
     opts = [("--host", host), ("--port", port), ("--http-port", http_port)]
     cmd = "gswarm host start" + "".join(f" {k} {shlex.quote(str(v))}" for k, v in opts if v is not None)

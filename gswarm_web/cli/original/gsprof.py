@@ -61,7 +61,9 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--port", type=int, default=None, help="The original head's gRPC port: the head is `gswarm host start`.")
+@click.option(
+    "--port", type=int, default=None, help="The original head's gRPC port: the head is `gswarm host start`."
+)
 @click.option("--http-port", type=int, default=None, help="The original head's HTTP port: see --port.")
 @click.option("--name", default=None, help="Session name (default: session_YYYYmmdd_HHMMSS).")
 @click.option("--freq", "freq_ms", type=int, default=None, help="Sampling period in ms.")
@@ -100,9 +102,15 @@ def status(ctx: click.Context, address: str | None) -> None:
 
 
 @main.command()
-@click.option("--list", "list_", is_flag=True, help="Sessions that were running when the control plane stopped.")
-@click.option("--name", "--session-id", "name", default=None, help="The session (its id is its name in gswarm).")
-@click.option("--export", "export_to", is_flag=False, flag_value="", default=None, help="Write its frames [to F].")
+@click.option(
+    "--list", "list_", is_flag=True, help="Sessions that were running when the control plane stopped."
+)
+@click.option(
+    "--name", "--session-id", "name", default=None, help="The session (its id is its name in gswarm)."
+)
+@click.option(
+    "--export", "export_to", is_flag=False, flag_value="", default=None, help="Write its frames [to F]."
+)
 @click.pass_context
 def recover(ctx: click.Context, list_: bool, name: str | None, export_to: str | None) -> None:
     """List sessions to recover, resume one, or export one (the original's layout)."""

@@ -32,7 +32,9 @@ def collect_garbage() -> dict[str, int]:
     removed_rows = 0
     collected = 0
     for candidate in doomed:
-        chunk = lock(DataChunk, DataChunk.id == candidate.id, skip_locked=True)  # a pin or a delete may be deciding
+        chunk = lock(
+            DataChunk, DataChunk.id == candidate.id, skip_locked=True
+        )  # a pin or a delete may be deciding
         if chunk is None or chunk.status != "available" or holders(chunk):
             continue
         collected += 1
@@ -43,7 +45,9 @@ def collect_garbage() -> dict[str, int]:
             db.session.delete(chunk)
             removed_rows += 1
     failed = list(
-        db.session.scalars(db.select(DataChunk).where(DataChunk.status == "failed", DataChunk.created_at < cutoff))
+        db.session.scalars(
+            db.select(DataChunk).where(DataChunk.status == "failed", DataChunk.created_at < cutoff)
+        )
     )
     for chunk in failed:
         if not chunk.locations:

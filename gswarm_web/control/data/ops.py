@@ -34,7 +34,9 @@ def data_target(text: str, field: str = "device") -> tuple[Device, dict[str, Any
     if isinstance(target, Device):
         return target.expect(field, files=True), None
     if target.kind in ("gpu", "cpu"):
-        raise InvalidRequest(f"{field}: {target} is not a data tier (auto, auto:dram or auto:disk)", {"field": field})
+        raise InvalidRequest(
+            f"{field}: {target} is not a data tier (auto, auto:dram or auto:disk)", {"field": field}
+        )
     decision = choose(None, "data", target)
     return Device.parse(decision["chosen"]), decision
 
@@ -64,7 +66,11 @@ def stored_copy(checksum: str, device: Device) -> DataChunk | None:
     return db.session.scalar(
         db.select(DataChunk)
         .join(ChunkLocation)
-        .where(DataChunk.checksum == checksum, ChunkLocation.device == str(device), ChunkLocation.status == "available")
+        .where(
+            DataChunk.checksum == checksum,
+            ChunkLocation.device == str(device),
+            ChunkLocation.status == "available",
+        )
         .limit(1)
     )
 
@@ -227,7 +233,9 @@ def _stored_copies(items: list[NewChunk]) -> dict[tuple[str, str], str]:
     if not checksums:
         return {}
     by_id = dict(
-        db.session.execute(db.select(DataChunk.id, DataChunk.checksum).where(DataChunk.checksum.in_(checksums)))
+        db.session.execute(
+            db.select(DataChunk.id, DataChunk.checksum).where(DataChunk.checksum.in_(checksums))
+        )
         .tuples()
         .all()
     )
@@ -296,7 +304,11 @@ def copy(
         target=str(target),
         extra_params={"chunk_id": chunk.id, "delete_source": delete_source, "compression": compression},
     )
-    answer = {**answer, "task_id": rec.id, "source_device": source_device}  # read before the commit expires them
+    answer = {
+        **answer,
+        "task_id": rec.id,
+        "source_device": source_device,
+    }  # read before the commit expires them
     db.session.commit()
     send_recorded()
     return answer, 202

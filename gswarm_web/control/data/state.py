@@ -60,11 +60,18 @@ def usable_locations(chunk: DataChunk, prefer_node: str | None = None) -> list[C
         if node is None or node_status(node, now(), s.heartbeat_timeout_s, s.offline_after_s) == "offline":
             continue
         out.append(loc)
-    return sorted(out, key=lambda loc: (loc.node != prefer_node, TIER_PREFERENCE.get(loc.tier, 9), loc.device))
+    return sorted(
+        out, key=lambda loc: (loc.node != prefer_node, TIER_PREFERENCE.get(loc.tier, 9), loc.device)
+    )
 
 
 def expected_of(chunk: DataChunk) -> dict[str, Any]:
-    return {"size": chunk.size, "blake3": chunk.blake3, "checksum": chunk.checksum, "blocks": chunk.block_hashes}
+    return {
+        "size": chunk.size,
+        "blake3": chunk.blake3,
+        "checksum": chunk.checksum,
+        "blocks": chunk.block_hashes,
+    }
 
 
 def source_of(chunk: DataChunk, loc: ChunkLocation, dest_node: str) -> dict[str, Any]:
@@ -106,7 +113,9 @@ def get_chunk(chunk_id: str, field: str = "chunk_id", locked: bool = False) -> D
 
 def _upsert(chunk: DataChunk, data: dict[str, Any]) -> ChunkLocation:
     dev = Device.parse(str(data["device"]))
-    loc = next((x for x in chunk.locations if x.device == str(dev)), None)  # the copies are loaded with the chunk
+    loc = next(
+        (x for x in chunk.locations if x.device == str(dev)), None
+    )  # the copies are loaded with the chunk
     if loc is None:
         loc = ChunkLocation(chunk_id=chunk.id, device=str(dev), node=str(dev.node), tier=dev.tier)
         chunk.locations.append(loc)
@@ -155,7 +164,12 @@ def copy_landed(chunk: DataChunk, data: dict[str, Any], delete_source: bool = Fa
     source = data.get("source_device")
     if data.get("source_removed") and source:
         _drop(chunk, str(source))
-    elif delete_source and source and source != loc.device and db.session.get(ChunkLocation, (chunk.id, source)):
+    elif (
+        delete_source
+        and source
+        and source != loc.device
+        and db.session.get(ChunkLocation, (chunk.id, source))
+    ):
         delete_copy(chunk.id, str(source), "transfer with delete_source")
     if loc.tier == "dram" and settings().data_dram_capacity:
         db.session.flush()
@@ -320,7 +334,9 @@ def enforce_dram_capacity(nodes: list[str] | None = None) -> list[str]:
             used -= int(chunk.size or 0)
             evicted.append(f"{chunk.id}@{loc.device}")
         if used > cap:
-            log.warning("%s:dram stays over capacity (%d > %d): the rest are only copies or held", node, used, cap)
+            log.warning(
+                "%s:dram stays over capacity (%d > %d): the rest are only copies or held", node, used, cap
+            )
     return evicted
 
 
@@ -330,8 +346,13 @@ def enforce_dram_capacity(nodes: list[str] | None = None) -> list[str]:
 def hold(chunk: DataChunk, workflow_id: str) -> None:
     """The workflow holds `chunk` while it runs (the collector and eviction leave it alone)."""
     holder = f"workflow:{workflow_id}"
-    if not any(r.holder == holder for r in chunk.refs) and db.session.get(ChunkRef, (chunk.id, holder)) is None:
-        chunk.refs.append(ChunkRef(chunk_id=chunk.id, holder=holder, kind="workflow", workflow_id=workflow_id))
+    if (
+        not any(r.holder == holder for r in chunk.refs)
+        and db.session.get(ChunkRef, (chunk.id, holder)) is None
+    ):
+        chunk.refs.append(
+            ChunkRef(chunk_id=chunk.id, holder=holder, kind="workflow", workflow_id=workflow_id)
+        )
 
 
 def record_step_chunk(step: TaskRecord, outputs: dict[str, Any]) -> None:
@@ -345,7 +366,9 @@ def record_step_chunk(step: TaskRecord, outputs: dict[str, Any]) -> None:
     if chunk is None:
         chunk = DataChunk(
             id=cid,
-            chunk_type=str(params.get("data_type") or ("input" if step.kind == "data_create" else "intermediate")),
+            chunk_type=str(
+                params.get("data_type") or ("input" if step.kind == "data_create" else "intermediate")
+            ),
             format=outputs.get("format") or params.get("format"),
             meta=dict(params.get("metadata") or {}),
             status="available",
@@ -356,7 +379,9 @@ def record_step_chunk(step: TaskRecord, outputs: dict[str, Any]) -> None:
         db.session.add(chunk)
     if step.workflow_id:
         hold(chunk, str(step.workflow_id))
-    copy_landed(chunk, outputs, delete_source=step.kind == "data_transfer" and bool(outputs.get("delete_source")))
+    copy_landed(
+        chunk, outputs, delete_source=step.kind == "data_transfer" and bool(outputs.get("delete_source"))
+    )
     read = [str(x) for x in outputs.get("inputs") or [] if isinstance(x, str)]
     for rid in read:
         other = db.session.get(DataChunk, rid)

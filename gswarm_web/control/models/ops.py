@@ -26,14 +26,21 @@ def parse_device(text: str, field: str) -> Device:
 
 
 def target(
-    model: Model, action: str, text: str | None, files: bool = False, gpu: bool = False, on_node: str | None = None
+    model: Model,
+    action: str,
+    text: str | None,
+    files: bool = False,
+    gpu: bool = False,
+    on_node: str | None = None,
 ) -> tuple[Device, dict[str, Any] | None]:
     """A named device (checked), or the one placement chooses for `auto` / nothing, with its decision."""
     dest = parse_target(named(text, "target_device"), "target_device")
     if isinstance(dest, Device):
         return dest.expect("target_device", files=files, gpu=gpu), None
     if dest.kind == "gpu" and not gpu:
-        raise InvalidRequest(f"target_device: {dest} is not a storage tier for a {action}", {"field": "target_device"})
+        raise InvalidRequest(
+            f"target_device: {dest} is not a storage tier for a {action}", {"field": "target_device"}
+        )
     decision = choose(model, action, dest, on_node=on_node if dest.kind == "gpu" else None)
     return Device.parse(decision["chosen"]), {"placement": decision}
 
@@ -45,7 +52,9 @@ def source(model: Model, text: str | None, dst_node: str | None) -> Device:
         return src.expect("source_device", files=True)
     ready = [loc for loc in model.locations if loc.status == "ready" and loc.tier in ("dram", "disk")]
     if not ready:
-        raise InvalidRequest(f"source_device: {model.name} has no copy on any node", {"field": "source_device"})
+        raise InvalidRequest(
+            f"source_device: {model.name} has no copy on any node", {"field": "source_device"}
+        )
     best = sorted(ready, key=lambda loc: (loc.node != dst_node, loc.tier != "dram", loc.device))[0]
     return Device.parse(best.device)
 
@@ -56,7 +65,9 @@ def download(name: str, args: dict[str, Any]) -> TaskRecord:
     dest, decision = target(model, "download", args.get("target_device"), files=True)
     url = args.get("source_url") or model.source_url
     if not url:
-        raise InvalidRequest("source_url: the model has no registered source; give one", {"field": "source_url"})
+        raise InvalidRequest(
+            "source_url: the model has no registered source; give one", {"field": "source_url"}
+        )
     parse_source(url, settings().allowed_roots)
     require_node(str(dest.node), "target_device")
     refuse_busy(model, {str(dest)})
@@ -73,7 +84,9 @@ def _check_copy(model: Model, src: Device, dst: Device, removes_source: bool) ->
     if not model.manifest:
         raise Conflict(f"{model.name} has no manifest yet", {"model_name": model.name})
     if dst.is_gpu and dst.node != src.node:
-        raise InvalidRequest("target_device: a GPU is loaded from a copy on its own node", {"field": "target_device"})
+        raise InvalidRequest(
+            "target_device: a GPU is loaded from a copy on its own node", {"field": "target_device"}
+        )
     if src == dst:
         raise InvalidRequest("target_device: same as source_device", {"field": "target_device"})
     if dst.is_gpu:
@@ -98,7 +111,14 @@ def copy_or_move(name: str, args: dict[str, Any], keep_source: bool, kind: str) 
                   "keep_source": keep_source}  # fmt: skip
         extra = {**(decision or {}), **_compression(args, src, dst)} or None
         return start_operation(
-            model, "move", str(dst.node), names.MODEL_MOVE, kwargs, args["priority"], extra_params=extra, **ends
+            model,
+            "move",
+            str(dst.node),
+            names.MODEL_MOVE,
+            kwargs,
+            args["priority"],
+            extra_params=extra,
+            **ends,
         )
     where = {"node": src.node, "tier": src.tier}
     if src.node != dst.node:
@@ -139,7 +159,11 @@ def delete_copy(model: Model, text: str, field: str, force: bool) -> TaskRecord:
         serving = db.session.scalars(
             db.select(Replica.id)
             .join(Service)
-            .where(Service.model_id == model.id, Replica.node == dev.node, Replica.status.in_(("starting", "running")))
+            .where(
+                Service.model_id == model.id,
+                Replica.node == dev.node,
+                Replica.status.in_(("starting", "running")),
+            )
         ).first()
         if serving and len(others) <= 1:
             raise Conflict(
@@ -171,5 +195,7 @@ def register_copy(name: str, text: str) -> tuple[TaskRecord, int]:
     require_node(str(dev.node), "device")
     refuse_busy(model, {str(dev)})
     kwargs = {"model": name, "tier": dev.tier, "manifest": model.manifest}
-    rec = dispatch("register", str(dev.node), names.MODEL_REGISTER, kwargs, "normal", model_name=name, target=str(dev))
+    rec = dispatch(
+        "register", str(dev.node), names.MODEL_REGISTER, kwargs, "normal", model_name=name, target=str(dev)
+    )
     return rec, 202

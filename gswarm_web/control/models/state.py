@@ -25,7 +25,17 @@ from ..nodes.state import status_clause
 
 MODEL_KINDS = ("download", "copy", "move", "delete", "register")
 PHASE_STATUS = {"downloading", "copying", "moving", "verifying", "deleting", "starting"}
-STATUSES = ("registered", "queued", "downloading", "copying", "moving", "verifying", "ready", "unavailable", "failed")
+STATUSES = (
+    "registered",
+    "queued",
+    "downloading",
+    "copying",
+    "moving",
+    "verifying",
+    "ready",
+    "unavailable",
+    "failed",
+)
 LOST = "its last copy was removed"
 
 
@@ -33,7 +43,9 @@ def get_model(name: str, field: str = "model_name") -> Model:
     safe_name(name, field)
     model = db.session.scalar(db.select(Model).where(Model.name == name))
     if model is None:
-        raise ModelNotFound(f"{field}: model {name!r} is not registered", {"field": field, "model_name": name})
+        raise ModelNotFound(
+            f"{field}: model {name!r} is not registered", {"field": field, "model_name": name}
+        )
     return model
 
 
@@ -50,7 +62,9 @@ def locked_model(name: str, field: str = "model_name") -> Model:
     get_model(name, field)
     model = find_model(name, locked=True)
     if model is None:
-        raise ModelNotFound(f"{field}: model {name!r} is not registered", {"field": field, "model_name": name})
+        raise ModelNotFound(
+            f"{field}: model {name!r} is not registered", {"field": field, "model_name": name}
+        )
     return model
 
 
@@ -80,7 +94,9 @@ def refuse_busy(model: Model, writes: set[str], reads: set[str] | None = None, a
     )
     for rec in busy:
         w, r = _touches(rec)
-        clash = sorted((writes & (w | r)) | ((reads or set()) & w)) or ([sorted(w | r or {"?"})[0]] if any_op else [])
+        clash = sorted((writes & (w | r)) | ((reads or set()) & w)) or (
+            [sorted(w | r or {"?"})[0]] if any_op else []
+        )
         if clash:
             raise Conflict(
                 f"{model.name} on {clash[0]} is busy with task {rec.id} ({rec.kind}, {rec.state})",
@@ -93,7 +109,8 @@ def ready_location(model: Model, device: Device, field: str) -> ModelLocation:
     if loc is None or loc.status != "ready":
         have = ", ".join(loc.device for loc in model.locations) or "nowhere"
         raise InvalidRequest(
-            f"{field}: {model.name} is not on {device} (it is on: {have})", {"field": field, "device": str(device)}
+            f"{field}: {model.name} is not on {device} (it is on: {have})",
+            {"field": field, "device": str(device)},
         )
     return loc
 
@@ -110,7 +127,13 @@ def require_gpu(dev: Device, field: str) -> None:
 
 
 def start_operation(
-    model: Model, kind: str, node: str, task_name: str, kwargs: dict[str, Any], priority: str = "normal", **kw: Any
+    model: Model,
+    kind: str,
+    node: str,
+    task_name: str,
+    kwargs: dict[str, Any],
+    priority: str = "normal",
+    **kw: Any,
 ) -> TaskRecord:
     """Send a download, copy or move of `model`; its status is `queued` until the node reports a phase."""
     model.status, model.status_message = "queued", None
@@ -259,7 +282,9 @@ def on_succeeded(rec: TaskRecord, data: dict[str, Any]) -> None:
     cross = params.get("cross_node") or bool((params.get("source") or {}).get("address"))
     keep = params.get("keep_source", inner.get("keep_source", False))
     if rec.kind == "move" and cross and not keep and rec.source_device:
-        delete_copy(model, rec.source_device)  # a move across nodes: the source goes once the copy is in place
+        delete_copy(
+            model, rec.source_device
+        )  # a move across nodes: the source goes once the copy is in place
     settle(model)
 
 

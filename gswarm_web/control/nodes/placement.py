@@ -42,13 +42,22 @@ def current_load(model: Model | None = None, spread_from: set[str] | None = None
                 device = f"{r.node}:gpu{index}"
                 load.reserved_bytes[device] = load.reserved_bytes.get(device, 0.0) + share
     busy = db.session.execute(
-        db.select(TaskRecord.node, db.func.count()).where(TaskRecord.state.in_(ACTIVE)).group_by(TaskRecord.node)
+        db.select(TaskRecord.node, db.func.count())
+        .where(TaskRecord.state.in_(ACTIVE))
+        .group_by(TaskRecord.node)
     )
     load.busy = {str(node): int(n) for node, n in busy if node}
     return load
 
 
-ACTIONS = {"serve": "serve", "load": "load", "download": "store", "copy": "store", "move": "store", "data": "store"}
+ACTIONS = {
+    "serve": "serve",
+    "load": "load",
+    "download": "store",
+    "copy": "store",
+    "move": "store",
+    "data": "store",
+}
 
 
 def choose(
@@ -71,7 +80,9 @@ def choose(
     kind = target.kind
     if ACTIONS[action] == "store" and kind in ("gpu", "cpu"):
         if action != "move" or kind == "cpu":
-            raise InvalidRequest(f"device: {target} is not a storage tier for a {action}", {"field": "device"})
+            raise InvalidRequest(
+                f"device: {target} is not a storage tier for a {action}", {"field": "device"}
+            )
         action = "load"  # a move onto a GPU: the gpuN tier
     need = need_bytes(model) / max(1, share) if action in ("serve", "load") else 0.0
     load = load or current_load(model)
@@ -132,14 +143,19 @@ def tensor_parallel(decision: dict[str, Any], model: Model | None, tp: int, load
         return decision
     share = need_bytes(model) / tp
     view = current_view()
-    nodes = {n["name"]: n for n in view["nodes"] if n["status"] == "healthy" and n["name"] not in load.exclude}
+    nodes = {
+        n["name"]: n for n in view["nodes"] if n["status"] == "healthy" and n["name"] not in load.exclude
+    }
     order = list(dict.fromkeys(c["node"] for c in decision["candidates"]))
     for name in order:
         node = nodes.get(name)
         if node is None:
             continue
         room = sorted(
-            ((g["memory_free_bytes"] - load.reserved_bytes.get(g["device"], 0.0), g["device"]) for g in node["gpus"]),
+            (
+                (g["memory_free_bytes"] - load.reserved_bytes.get(g["device"], 0.0), g["device"])
+                for g in node["gpus"]
+            ),
             key=lambda x: (-x[0], x[1]),
         )
         fits = [device for free, device in room if free >= share][:tp]
@@ -151,5 +167,9 @@ def tensor_parallel(decision: dict[str, Any], model: Model | None, tp: int, load
     raise ResourceUnavailable(
         f"{model.name if model else 'the model'}: tensor_parallel_size {tp} needs {tp} GPUs of one node with "
         f"{share / 2**30:.1f} GiB free each; no healthy node has them",
-        {"field": "config.tensor_parallel_size", "need_bytes_per_gpu": int(share), "tensor_parallel_size": tp},
+        {
+            "field": "config.tensor_parallel_size",
+            "need_bytes_per_gpu": int(share),
+            "tensor_parallel_size": tp,
+        },
     )

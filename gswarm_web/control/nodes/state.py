@@ -54,7 +54,11 @@ class DeclaredNode:
 def declaration(declared: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
     """What config.yaml says of node `name` (address, capabilities), or None."""
     entry = next((d for d in declared if d["name"] == name), None)
-    return None if entry is None else {"address": entry.get("address"), "capabilities": entry.get("capabilities")}
+    return (
+        None
+        if entry is None
+        else {"address": entry.get("address"), "capabilities": entry.get("capabilities")}
+    )
 
 
 def missing_nodes(declared: list[dict[str, Any]]) -> list[DeclaredNode]:
@@ -63,7 +67,9 @@ def missing_nodes(declared: list[dict[str, Any]]) -> list[DeclaredNode]:
         return []
     names = [d["name"] for d in declared]
     joined = set(db.session.scalars(db.select(Node.name).where(Node.name.in_(names))))
-    out = [DeclaredNode(d["name"], d.get("address"), declaration(declared, d["name"]) or {}) for d in declared]
+    out = [
+        DeclaredNode(d["name"], d.get("address"), declaration(declared, d["name"]) or {}) for d in declared
+    ]
     return sorted((n for n in out if n.name not in joined), key=lambda n: n.name)
 
 
@@ -77,7 +83,9 @@ def node_status(node: Any, now: datetime, timeout_s: float, offline_after_s: flo
     return "unhealthy" if age <= offline_after_s else "offline"
 
 
-def status_clause(status: str, now: datetime, timeout_s: float, offline_after_s: float) -> ColumnElement[bool]:
+def status_clause(
+    status: str, now: datetime, timeout_s: float, offline_after_s: float
+) -> ColumnElement[bool]:
     """The SQL condition equal to `node_status(...) == status`."""
     fresh = now - timedelta(seconds=timeout_s)
     stale = now - timedelta(seconds=offline_after_s)
@@ -257,7 +265,11 @@ def sweep(timeout_s: float, offline_after_s: float) -> list[tuple[str, str, str]
         if status != node.status_recorded:
             changes.append((node.name, node.status_recorded, status))
             log.warning(
-                "node %s is now %s (was %s, last seen %s)", node.name, status, node.status_recorded, node.last_seen
+                "node %s is now %s (was %s, last seen %s)",
+                node.name,
+                status,
+                node.status_recorded,
+                node.last_seen,
             )
             node.status_recorded = status
     db.session.commit()

@@ -79,7 +79,9 @@ def _send(
         resp = forward(d, target, path, body, headers, stream)
     except urllib3.exceptions.HTTPError as exc:
         return f"{replica}: {type(exc).__name__}"
-    if resp.status >= 500 or resp.status == 401:  # 401: the replica's key is not the one we hold (a successor)
+    if (
+        resp.status >= 500 or resp.status == 401
+    ):  # 401: the replica's key is not the one we hold (a successor)
         resp.release_conn()
         return f"{replica}: HTTP {resp.status}" if resp.status >= 500 else f"{replica}: no first byte"
     if not stream:
@@ -90,7 +92,9 @@ def _send(
     return Answered(target, resp, 1, first=started[1], rest=started[0])
 
 
-def forward(d: Directory, target: Target, path: str, body: bytes, headers: dict[str, str], stream: bool) -> Any:
+def forward(
+    d: Directory, target: Target, path: str, body: bytes, headers: dict[str, str], stream: bool
+) -> Any:
     """Send one request to a replica over the table's connections; the urllib3 response (not read yet when
     `stream`)."""
     return d.http.request(

@@ -52,7 +52,9 @@ class Autoscaler:
     def __init__(self) -> None:
         self.id = uuid.uuid4().hex
         self.samples: dict[str, deque[Sample]] = {}
-        self.queue_seen: dict[str, tuple[float, float]] = {}  # service -> (queue wait sum, count) at the last tick
+        self.queue_seen: dict[
+            str, tuple[float, float]
+        ] = {}  # service -> (queue wait sum, count) at the last tick
         self.ticks = 0
 
     def _lease(self, client: redis.Redis, interval_s: float) -> bool:
@@ -69,7 +71,9 @@ class Autoscaler:
             self.samples.clear()  # another control worker scales; its history is its own
             return 0
         self.ticks += 1
-        services = list(db.session.scalars(db.select(Service).where(Service.status.not_in(("stopping", "stopped")))))
+        services = list(
+            db.session.scalars(db.select(Service).where(Service.status.not_in(("stopping", "stopped"))))
+        )
         now = time.monotonic()
         sampled = {svc.id: self._sample(client, svc, now) for svc in services if svc.autoscaling}
         if not client.set(names.RECONCILER_LOCK_KEY, "1", nx=True, px=30_000):
@@ -139,7 +143,11 @@ class Autoscaler:
 
 
 def apply(
-    svc: Service, want: int, reason: str, load: dict[str, Any], samples: dict[str, deque[Sample]] | None = None
+    svc: Service,
+    want: int,
+    reason: str,
+    load: dict[str, Any],
+    samples: dict[str, deque[Sample]] | None = None,
 ) -> list[TaskRecord]:
     """Record a decision and bring the service to `want` replicas now (operations recorded; the caller commits)."""
     direction = "up" if want > svc.replicas else "down"
@@ -223,7 +231,9 @@ def update(svc: Service, args: dict[str, Any]) -> None:
     if want is None or want == svc.replicas:
         return
     if not auto:
-        raise InvalidRequest("replicas: a service pinned to one device has one replica", {"field": "replicas"})
+        raise InvalidRequest(
+            "replicas: a service pinned to one device has one replica", {"field": "replicas"}
+        )
     policy = policy_of(svc)
     low, high = (policy.min_replicas, policy.max_replicas) if policy else (1, scaling_policy.MOST_REPLICAS)
     if not low <= want <= high:
@@ -240,7 +250,9 @@ def prewarm(svc: Service) -> None:
     first scale-up onto a node does not wait for the server's libraries to load."""
     if not svc.autoscaling or svc.backend not in ("builtin", "auto"):
         return
-    nodes = (svc.config or {}).get("nodes") or [n["name"] for n in current_view()["nodes"] if n["status"] == "healthy"]
+    nodes = (svc.config or {}).get("nodes") or [
+        n["name"] for n in current_view()["nodes"] if n["status"] == "healthy"
+    ]
     for node in nodes:
         try:
             send_to_node(sender(), node, names.SERVICE_PREWARM, priority="high", expires=60)
@@ -256,7 +268,10 @@ def report(svc: Service, limit: int = 50) -> dict[str, Any]:
     except redis.RedisError:
         in_flight, waiting = {}, {}
     events = db.session.scalars(
-        db.select(ScalingEvent).where(ScalingEvent.service_id == svc.id).order_by(ScalingEvent.id.desc()).limit(limit)
+        db.select(ScalingEvent)
+        .where(ScalingEvent.service_id == svc.id)
+        .order_by(ScalingEvent.id.desc())
+        .limit(limit)
     ).all()
     policy = policy_of(svc)
     return {

@@ -81,7 +81,9 @@ class Waiters:
             self.count += 1
             if not self.watching:
                 self.watching = True
-                threading.Thread(target=self._watch, args=(app,), name="gswarm-cold-start", daemon=True).start()
+                threading.Thread(
+                    target=self._watch, args=(app,), name="gswarm-cold-start", daemon=True
+                ).start()
             return True
 
     def leave(self) -> None:
@@ -132,7 +134,11 @@ class Full(Exception):
 
 
 def wait_for_replica(
-    model: str, timeout_s: float, tried: set[str] | None = None, path: str | None = None, service_id: str | None = None
+    model: str,
+    timeout_s: float,
+    tried: set[str] | None = None,
+    path: str | None = None,
+    service_id: str | None = None,
 ) -> Target | None:
     """Wait (bounded) for a replica of `model` that serves `path` and was not `tried`: the target, or None when none
     could take the request in time; raises Full when this process has no place left for another waiter (the caller

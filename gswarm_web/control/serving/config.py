@@ -23,7 +23,9 @@ def split_config(config: dict[str, Any], field_: str = "config") -> tuple[dict[s
     engine = {k: v for k, v in config.items() if k not in SERVICE_KEYS}
     own = {k: config[k] for k in SERVICE_KEYS if k in config}
     if "nodes" in own:
-        raise InvalidRequest(f"{field_}.nodes: give `nodes` beside `config`, not in it", {"field": f"{field_}.nodes"})
+        raise InvalidRequest(
+            f"{field_}.nodes: give `nodes` beside `config`, not in it", {"field": f"{field_}.nodes"}
+        )
     checks = {
         "port": (lambda v: _int(v) and 1024 <= v <= 65535, "an integer from 1024 to 65535"),
         "replicas": (lambda v: _int(v) and 1 <= v <= 64, "an integer from 1 to 64"),
@@ -31,7 +33,11 @@ def split_config(config: dict[str, Any], field_: str = "config") -> tuple[dict[s
         "timeout": (lambda v: _number(v) and 0 < v <= 3600, "seconds, more than 0 and at most 3600"),
         "max_in_flight": (lambda v: _int(v) and 1 <= v <= 100_000, "an integer from 1 to 100000"),
         "aliases": (
-            lambda v: isinstance(v, list) and len(v) <= 16 and all(isinstance(a, str) and ALIAS_RE.match(a) for a in v),
+            lambda v: (
+                isinstance(v, list)
+                and len(v) <= 16
+                and all(isinstance(a, str) and ALIAS_RE.match(a) for a in v)
+            ),
             "a list of at most 16 other names the service answers to (e.g. text-embedding-3-small)",
         ),
     }

@@ -24,7 +24,9 @@ from ...tables import Model, Replica, Service
 log = logging.getLogger(__name__)
 
 STALE_S = 60.0
-_parsed: dict[str, tuple[float, list[Any]]] = {}  # replica -> (scraped at, its families): parsed once per scrape
+_parsed: dict[
+    str, tuple[float, list[Any]]
+] = {}  # replica -> (scraped at, its families): parsed once per scrape
 
 
 def _escape(value: str) -> str:
@@ -56,7 +58,11 @@ def scrapes(client: redis.Redis) -> dict[str, dict[str, Any]]:
             doc = json.loads(value)
         except ValueError:
             continue
-        if isinstance(doc, dict) and now - float(doc.get("at") or 0) < STALE_S and isinstance(doc.get("text"), str):
+        if (
+            isinstance(doc, dict)
+            and now - float(doc.get("at") or 0) < STALE_S
+            and isinstance(doc.get("text"), str)
+        ):
             out[key.decode()] = doc
     return out
 

@@ -47,7 +47,9 @@ log = logging.getLogger(__name__)
 
 LEASE_S = 15.0
 RENEW_EVERY_S = 5.0
-OUTBOX_MAX = 100_000  # count-outs kept while Redis is away (beyond it the oldest are dropped; heal cannot help)
+OUTBOX_MAX = (
+    100_000  # count-outs kept while Redis is away (beyond it the oldest are dropped; heal cannot help)
+)
 RETRY_S = 0.5  # a flush that failed is tried again after this long
 FRESH_S = 0.5  # a local pick trusts the gateway's counts read back this recently (else it asks the script)
 CHANGED = "gswarm_serve_changed"  # session.info key: a replica started or stopped serving in this transaction
@@ -241,12 +243,19 @@ def heal(client: redis.Redis) -> int:
     """Take back the counts of web processes whose lease expired; how many there were."""
     return int(
         client.eval(
-            HEAL, 2, names.SERVE_PROCS_KEY, names.SERVE_LIVE_KEY, names.SERVE_PROC_PREFIX, names.SERVE_LEASE_PREFIX
+            HEAL,
+            2,
+            names.SERVE_PROCS_KEY,
+            names.SERVE_LIVE_KEY,
+            names.SERVE_PROC_PREFIX,
+            names.SERVE_LEASE_PREFIX,
         )  # fmt: skip
     )
 
 
-def counts(client: redis.Redis, replicas: list[str], services: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+def counts(
+    client: redis.Redis, replicas: list[str], services: list[str]
+) -> tuple[dict[str, int], dict[str, int]]:
     """(requests in flight per replica, requests waiting per service), over every web process."""
     fields = [f"r:{r}" for r in replicas] + [f"w:{s}" for s in services]
     if not fields:
@@ -281,7 +290,9 @@ def forget(client: redis.Redis, replica_ids: list[str]) -> None:
 
 def _after_flush(session: Session, _context: Any) -> None:
     for obj in (*session.new, *session.dirty):
-        if isinstance(obj, Replica) and (obj in session.new or inspect(obj).attrs.status.history.has_changes()):
+        if isinstance(obj, Replica) and (
+            obj in session.new or inspect(obj).attrs.status.history.has_changes()
+        ):
             session.info[CHANGED] = True
             return
 

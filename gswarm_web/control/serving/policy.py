@@ -49,7 +49,9 @@ class Sample:
     queue_wait_s: float | None = None
 
 
-def _number(doc: Mapping[str, Any], key: str, where: str, low: float, high: float, integer: bool = False) -> Any:
+def _number(
+    doc: Mapping[str, Any], key: str, where: str, low: float, high: float, integer: bool = False
+) -> Any:
     value = doc.get(key)
     if value is None:
         return None
@@ -66,7 +68,9 @@ def parse(doc: Any, up_delay_s: float, down_delay_s: float, where: str = "autosc
         raise InvalidRequest(f"{where}: an object ({', '.join(KEYS)})", {"field": where})
     unknown = sorted(set(doc) - set(KEYS))
     if unknown:
-        raise InvalidRequest(f"{where}.{unknown[0]}: not one of {', '.join(KEYS)}", {"field": f"{where}.{unknown[0]}"})
+        raise InvalidRequest(
+            f"{where}.{unknown[0]}: not one of {', '.join(KEYS)}", {"field": f"{where}.{unknown[0]}"}
+        )
     low = _number(doc, "min_replicas", where, 0, MOST_REPLICAS, integer=True)
     high = _number(doc, "max_replicas", where, 1, MOST_REPLICAS, integer=True)
     low = 1 if low is None else low
@@ -86,7 +90,9 @@ def parse(doc: Any, up_delay_s: float, down_delay_s: float, where: str = "autosc
     return Policy(
         low,
         high,
-        float(in_flight) if in_flight is not None else (None if wait is not None else DEFAULT_TARGET_IN_FLIGHT),
+        float(in_flight)
+        if in_flight is not None
+        else (None if wait is not None else DEFAULT_TARGET_IN_FLIGHT),
         float(wait) if wait is not None else None,
         float(up_delay_s if up is None else up),
         float(down_delay_s if down is None else down),
@@ -116,7 +122,10 @@ def decide(policy: Policy, current: int, samples: Sequence[Sample], now: float) 
         return None
     if current < policy.min_replicas or current > policy.max_replicas:
         target = max(policy.min_replicas, min(policy.max_replicas, current))
-        return target, f"kept within min_replicas {policy.min_replicas} and max_replicas {policy.max_replicas}"
+        return (
+            target,
+            f"kept within min_replicas {policy.min_replicas} and max_replicas {policy.max_replicas}",
+        )
     last = samples[-1]
     if current == 0 and last.waiting:
         return max(1, wanted(policy, current, last)), f"from zero: {last.waiting} request(s) waiting"

@@ -35,7 +35,9 @@ DRAIN_MIN_S = 1.0  # a web process that routes without Redis re-reads the replic
 
 def _node_status(names_: set[str]) -> dict[str, str]:
     s = settings()
-    rows: list[Node] = list(db.session.scalars(db.select(Node).where(Node.name.in_(list(names_))))) if names_ else []
+    rows: list[Node] = (
+        list(db.session.scalars(db.select(Node).where(Node.name.in_(list(names_))))) if names_ else []
+    )
     return {n.name: node_status(n, now(), s.heartbeat_timeout_s, s.offline_after_s) for n in rows}
 
 
@@ -60,7 +62,14 @@ def _copy_for(svc: Service, rep: Replica) -> TaskRecord | None:
     }
     target = f"{rep.node}:disk"
     return record(
-        "copy", rep.node, names.MODEL_COPY, kwargs, "high", model_name=model.name, source=src.device, target=target
+        "copy",
+        rep.node,
+        names.MODEL_COPY,
+        kwargs,
+        "high",
+        model_name=model.name,
+        source=src.device,
+        target=target,
     )
 
 
@@ -79,8 +88,15 @@ def place_replica(svc: Service, exclude: set[str] | None = None) -> tuple[Replic
             decision = tensor_parallel(decision, svc.model, tp, load)
     else:  # a pinned service woken after an idle unload: its own device
         tier = service_state.serving_tier(svc.model, str(target.node))
-        decision = {"action": "serve", "model": svc.model.name, "chosen": str(target), "loaded_from": tier or "peer"}
-        decision["candidates"] = [{"device": str(target), "chosen": True, "loaded_from": decision["loaded_from"]}]
+        decision = {
+            "action": "serve",
+            "model": svc.model.name,
+            "chosen": str(target),
+            "loaded_from": tier or "peer",
+        }
+        decision["candidates"] = [
+            {"device": str(target), "chosen": True, "loaded_from": decision["loaded_from"]}
+        ]
     rep = service_state.add_replica(svc, Device.parse(decision["chosen"]), decision)
     tier = service_state.serving_tier(svc.model, rep.node)
     if tier is not None:
@@ -88,27 +104,35 @@ def place_replica(svc: Service, exclude: set[str] | None = None) -> tuple[Replic
     copy = _copy_for(svc, rep)
     if copy is None:
         rep.status, rep.status_message = "failed", "no copy of the weights on a healthy node to copy from"
-        raise ResourceUnavailable(f"{svc.model.name}: {rep.status_message}", {"service_id": svc.id, "node": rep.node})
+        raise ResourceUnavailable(
+            f"{svc.model.name}: {rep.status_message}", {"service_id": svc.id, "node": rep.node}
+        )
     rep.status, rep.task_id = "placing", copy.id
     return rep, copy
 
 
 def copy_landed(rec: TaskRecord) -> None:
     """A model copy finished: replicas that waited for it start (or fail with it)."""
-    waiting = db.session.scalars(db.select(Replica).where(Replica.task_id == rec.id, Replica.status == "placing"))
+    waiting = db.session.scalars(
+        db.select(Replica).where(Replica.task_id == rec.id, Replica.status == "placing")
+    )
     for rep in waiting:
         svc = rep.service
         if rec.state == "succeeded" and service_state.serving_tier(svc.model, rep.node):
             service_state.start_replica(svc, rep, str(service_state.serving_tier(svc.model, rep.node)))
         else:
             rep.status, rep.stopped_at = "failed", now()
-            rep.status_message = f"copying the weights to {rep.node} failed: {(rec.error or {}).get('message')}"
+            rep.status_message = (
+                f"copying the weights to {rep.node} failed: {(rec.error or {}).get('message')}"
+            )
         service_state.refresh(svc)
 
 
 def _recently_failed(svc: Service) -> set[str]:
     cutoff = now() - timedelta(seconds=RETRY_NODE_AFTER_S)
-    return {r.node for r in svc.members if r.status in ("failed", "lost") and (r.stopped_at or now()) > cutoff}
+    return {
+        r.node for r in svc.members if r.status in ("failed", "lost") and (r.stopped_at or now()) > cutoff
+    }
 
 
 def _lose_unreachable(svc: Service) -> None:
@@ -126,7 +150,9 @@ def fill(svc: Service) -> list[TaskRecord]:
     not-yet-serving replicas go first, a serving one is drained."""
     tasks: list[TaskRecord] = []
     live_ = service_state.current(svc)  # an earlier generation's replicas serve on until this one is up
-    for rep in sorted(live_, key=lambda r: (r.status == "running", r.created_at), reverse=True)[svc.replicas :]:
+    for rep in sorted(live_, key=lambda r: (r.status == "running", r.created_at), reverse=True)[
+        svc.replicas :
+    ]:
         if rep.status in ("running", "unhealthy"):
             tasks += start_drain(svc, rep)
         elif rep.status in ("pending", "placing"):
@@ -212,7 +238,9 @@ def stage_in_dram(svc: Service, node_name: str) -> list[TaskRecord]:
     staged = db.session.scalars(
         db.select(ModelLocation).where(ModelLocation.node == node_name, ModelLocation.tier == "dram")
     ).all()
-    held = sum(float(loc.model.model_size or (loc.model.manifest or {}).get("total_bytes") or 0) for loc in staged)
+    held = sum(
+        float(loc.model.model_size or (loc.model.manifest or {}).get("total_bytes") or 0) for loc in staged
+    )
     if held + size > _dram_budget(node) or size > float(node.dram_available_bytes or 0):
         log.info("%s stays on %s's disk: DRAM budget %.0f bytes, %.0f staged", model.name, node_name,
                  _dram_budget(node), held)  # fmt: skip
@@ -234,7 +262,10 @@ def _unload(svc: Service) -> list[TaskRecord]:
     for rep in service_state.live_replicas(svc):
         tasks += stage_in_dram(svc, rep.node)
         tasks.append(service_state.stop_replica(rep, f"idle for {svc.idle_timeout_s:g} s"))
-    svc.status, svc.status_message = "idle", f"no request for {svc.idle_timeout_s:g} s; the next one starts it"
+    svc.status, svc.status_message = (
+        "idle",
+        f"no request for {svc.idle_timeout_s:g} s; the next one starts it",
+    )
     return tasks
 
 
@@ -268,6 +299,8 @@ def _round() -> int:
         if svc.idle_timeout_s and idle_for > svc.idle_timeout_s:
             tasks += _unload(svc)
             continue
-        if auto or (svc.status == "starting" and not service_state.live_replicas(svc)):  # or woken by a request
+        if auto or (
+            svc.status == "starting" and not service_state.live_replicas(svc)
+        ):  # or woken by a request
             tasks += fill(svc)
     return len(tasks)

@@ -20,7 +20,25 @@ from ...extensions import db
 from ...tables import Model, Replica, ScalingEvent, Service
 
 KEEP_S = 7 * 24 * 3600
-BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
 HISTOGRAMS = (
     ("e2e", "gswarm:e2e_request_latency_seconds", "Request latency through the gateway, to the last byte."),
     ("ttft", "gswarm:time_to_first_token_seconds", "Time to the first token of a streamed generation."),
@@ -69,7 +87,12 @@ class Outcome:
         if self.ttft_s is not None and self.gen_tokens > 1:
             tpot = max(0.0, self.seconds - self.ttft_s) / (self.gen_tokens - 1)
         out: list[Any] = [4]
-        for kind, value in (("e2e", self.seconds), ("queue", self.queue_s), ("ttft", self.ttft_s), ("tpot", tpot)):
+        for kind, value in (
+            ("e2e", self.seconds),
+            ("queue", self.queue_s),
+            ("ttft", self.ttft_s),
+            ("tpot", tpot),
+        ):
             if value is None:
                 out += [kind, -1, 0]
             else:
@@ -184,12 +207,18 @@ def _service_series(
 ) -> None:
     labels = _labels(base)
     waiting = max(0, int(live.get(f"w:{svc.id}", 0)))
-    _family(out, "gswarm:num_requests_waiting", "gauge", "Requests waiting in the gateway for a replica.").append(
-        f"gswarm:num_requests_waiting{{{labels}}} {waiting}"
+    _family(
+        out, "gswarm:num_requests_waiting", "gauge", "Requests waiting in the gateway for a replica."
+    ).append(f"gswarm:num_requests_waiting{{{labels}}} {waiting}")
+    rejected_ = _family(
+        out, "gswarm:requests_rejected_total", "counter", "Requests answered 503 past the queue."
     )
-    rejected_ = _family(out, "gswarm:requests_rejected_total", "counter", "Requests answered 503 past the queue.")
-    rejected_.append(f'gswarm:requests_rejected_total{{{labels},reason="queue_full"}} {int(own.get("rejected", 0))}')
-    rejected_.append(f'gswarm:requests_rejected_total{{{labels},reason="timeout"}} {int(own.get("timeouts", 0))}')
+    rejected_.append(
+        f'gswarm:requests_rejected_total{{{labels},reason="queue_full"}} {int(own.get("rejected", 0))}'
+    )
+    rejected_.append(
+        f'gswarm:requests_rejected_total{{{labels},reason="timeout"}} {int(own.get("timeouts", 0))}'
+    )
     states = {"desired": svc.replicas, "running": 0, "starting": 0, "draining": 0}
     for r in reps:
         if r.status == "running":
@@ -198,32 +227,51 @@ def _service_series(
             states["starting"] += 1
         elif r.status == "draining":
             states["draining"] += 1
-    family = _family(out, "gswarm:replicas", "gauge", "Replicas of a service by state (desired: the count kept).")
+    family = _family(
+        out, "gswarm:replicas", "gauge", "Replicas of a service by state (desired: the count kept)."
+    )
     family += [f'gswarm:replicas{{{labels},state="{k}"}} {v}' for k, v in states.items()]
     policy = svc.autoscaling or {}
     if policy:
-        limits = _family(out, "gswarm:replicas_limit", "gauge", "The autoscaler's bounds (min_replicas, max).")
+        limits = _family(
+            out, "gswarm:replicas_limit", "gauge", "The autoscaler's bounds (min_replicas, max)."
+        )
         limits.append(f'gswarm:replicas_limit{{{labels},bound="min"}} {policy.get("min_replicas", 0)}')
         limits.append(f'gswarm:replicas_limit{{{labels},bound="max"}} {policy.get("max_replicas", 0)}')
-    scaled = _family(out, "gswarm:scaling_events_total", "counter", "Replica count changes by the autoscaler.")
+    scaled = _family(
+        out, "gswarm:scaling_events_total", "counter", "Replica count changes by the autoscaler."
+    )
     for direction in ("up", "down"):
         scaled.append(f'gswarm:scaling_events_total{{{labels},direction="{direction}"}} '
                       f"{events.get((svc.id, direction), 0)}")  # fmt: skip
 
 
-def _replica_series(out: dict[str, list[str]], labels: str, r: Replica, stats: dict[str, str], live: dict) -> None:
-    _family(out, "gswarm:num_requests_running", "gauge", "Requests in flight at a replica, over every web process.")
+def _replica_series(
+    out: dict[str, list[str]], labels: str, r: Replica, stats: dict[str, str], live: dict
+) -> None:
+    _family(
+        out,
+        "gswarm:num_requests_running",
+        "gauge",
+        "Requests in flight at a replica, over every web process.",
+    )
     out["gswarm:num_requests_running"].append(
         f"gswarm:num_requests_running{{{labels}}} {max(0, int(live.get(f'r:{r.id}', 0)))}"
     )
-    codes = {k[2:]: int(v) for k, v in stats.items() if k.startswith("n|")} or {"200": 0}  # a series from the start
-    total = _family(out, "gswarm:requests_total", "counter", "Requests a replica answered, by HTTP status (0: none).")
+    codes = {k[2:]: int(v) for k, v in stats.items() if k.startswith("n|")} or {
+        "200": 0
+    }  # a series from the start
+    total = _family(
+        out, "gswarm:requests_total", "counter", "Requests a replica answered, by HTTP status (0: none)."
+    )
     total += [f'gswarm:requests_total{{{labels},code="{c}"}} {n}' for c, n in sorted(codes.items())]
     ok = sum(n for c, n in codes.items() if c.startswith("2"))
     _family(out, "gswarm:request_success_total", "counter", "Requests a replica answered with 2xx.").append(
         f"gswarm:request_success_total{{{labels}}} {ok}"
     )
-    errors = _family(out, "gswarm:request_errors_total", "counter", "Requests failed at a replica (5xx, no answer).")
+    errors = _family(
+        out, "gswarm:request_errors_total", "counter", "Requests failed at a replica (5xx, no answer)."
+    )
     errors.append(f"gswarm:request_errors_total{{{labels}}} {int(stats.get('err', 0))}")
     for field, name, help_ in (("gen", "gswarm:generation_tokens_total", "Generation tokens made."),
                                ("prompt", "gswarm:prompt_tokens_total", "Prompt tokens read.")):  # fmt: skip

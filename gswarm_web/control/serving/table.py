@@ -42,12 +42,20 @@ from .pick import choose
 from .stats import Outcome, stats_key
 
 REFRESH_S = 1.0  # with no replica in the table: how often it is read again
-REFRESH_MAX_S = 3.0  # the longest a table is kept when no replica started or stopped (a service's config may change)
+REFRESH_MAX_S = (
+    3.0  # the longest a table is kept when no replica started or stopped (a service's config may change)
+)
 QUARANTINE_S = 5.0
 LAST_REQUEST_EVERY_S = 1.0
 READ_TIMEOUT_S = 600.0
-REUSE_S = 4.0  # a connection idle longer is not reused: engines close idle ones (uvicorn, as vLLM runs it, at 5 s)
-LIVE_SERVICE = ("stopping", "stopped", "failed")  # the statuses of a service that answers no more (not_in: live)
+REUSE_S = (
+    4.0  # a connection idle longer is not reused: engines close idle ones (uvicorn, as vLLM runs it, at 5 s)
+)
+LIVE_SERVICE = (
+    "stopping",
+    "stopped",
+    "failed",
+)  # the statuses of a service that answers no more (not_in: live)
 
 
 class ReplicaConnection(urllib3.connection.HTTPConnection):
@@ -66,10 +74,14 @@ class ReplicaConnection(urllib3.connection.HTTPConnection):
             sock.connect((str(ip), self.port))
         except TimeoutError as exc:
             sock.close()
-            raise urllib3.exceptions.ConnectTimeoutError(self, f"Connection to {self.host} timed out") from exc
+            raise urllib3.exceptions.ConnectTimeoutError(
+                self, f"Connection to {self.host} timed out"
+            ) from exc
         except OSError as exc:
             sock.close()
-            raise urllib3.exceptions.NewConnectionError(self, f"Failed to establish a new connection: {exc}") from exc
+            raise urllib3.exceptions.NewConnectionError(
+                self, f"Failed to establish a new connection: {exc}"
+            ) from exc
         return sock
 
 
@@ -103,7 +115,9 @@ class Target:
     replica_id: str
     service_id: str
     url: str
-    headers: dict[str, str] = field(default_factory=dict)  # the replica's service key, as its server checks it
+    headers: dict[str, str] = field(
+        default_factory=dict
+    )  # the replica's service key, as its server checks it
     timeout_s: float = READ_TIMEOUT_S
     routes: tuple[str, ...] = OPENAI_ROUTES  # what its engine serves
     node: str = ""
@@ -123,7 +137,9 @@ class Directory:
     keys and live counts with `client` (None: this process's own counts only), and the heartbeat timeout and the
     engines' presets from `settings`."""
 
-    def __init__(self, session: Session | scoped_session[Any], client: redis.Redis | None, settings: Settings) -> None:
+    def __init__(
+        self, session: Session | scoped_session[Any], client: redis.Redis | None, settings: Settings
+    ) -> None:
         self.session = session
         self.redis = client
         self.settings = settings
@@ -167,7 +183,10 @@ class Directory:
             .join(Model, Service.model_id == Model.id)
             .join(Node, Node.name == Replica.node)
             .where(
-                Replica.status == "running", Replica.url.is_not(None), Node.last_seen >= fresh, Node.state != "stopped"
+                Replica.status == "running",
+                Replica.url.is_not(None),
+                Node.last_seen >= fresh,
+                Node.state != "stopped",
             )
         ).all()
         aliases = self._read_aliases()
@@ -235,7 +254,9 @@ class Directory:
         targets = self.by_model.get(model)
         return None if not targets else any(path in t.routes for t in targets)
 
-    def pick(self, model: str, tried: set[str], refresh: bool = True, path: str | None = None) -> Target | None:
+    def pick(
+        self, model: str, tried: set[str], refresh: bool = True, path: str | None = None
+    ) -> Target | None:
         """A replica not tried, not quarantined, not draining and under the service's `max_in_flight`: the next in
         turn for a round_robin service, else the one with the fewest requests in flight (ties taken in turn)."""
         if refresh:

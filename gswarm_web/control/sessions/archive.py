@@ -104,7 +104,9 @@ def read(session: str, node: str, after: Pos, hi_ms: int) -> Iterator[tuple[Pos,
         segs = list(
             db.session.execute(
                 db.select(ProfilerFrameSegment.data)
-                .where(ProfilerFrameSegment.session == session, ProfilerFrameSegment.node == node, _after(after))
+                .where(
+                    ProfilerFrameSegment.session == session, ProfilerFrameSegment.node == node, _after(after)
+                )
                 .where(ProfilerFrameSegment.first_ms <= hi_ms)
                 .order_by(ProfilerFrameSegment.first_ms, ProfilerFrameSegment.first_seq)
                 .limit(BATCH)

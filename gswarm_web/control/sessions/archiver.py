@@ -60,7 +60,11 @@ def seal_one(name: str) -> bool:
     """Seal `name` unless another archiver holds or did it."""
     s = db.session.execute(
         db.select(ProfilerSession)
-        .where(ProfilerSession.name == name, ProfilerSession.sealed_at.is_(None), ProfilerSession.state == "stopped")
+        .where(
+            ProfilerSession.name == name,
+            ProfilerSession.sealed_at.is_(None),
+            ProfilerSession.state == "stopped",
+        )
         .with_for_update(skip_locked=True)
     ).scalar_one_or_none()
     if s is None:

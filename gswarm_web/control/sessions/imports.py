@@ -83,7 +83,9 @@ def add_frames(name: str, frames: list[dict[str, Any]]) -> int:
         by_node[node].append((pos, json.dumps(f).encode()))
     for node, entries in by_node.items():
         if not frame_archive.add_segment(name, node, entries):
-            raise Conflict(f"frames: {node}'s frames from {entries[0][0][0]} ms were already imported", {"node": node})
+            raise Conflict(
+                f"frames: {node}'s frames from {entries[0][0][0]} ms were already imported", {"node": node}
+            )
     return len(frames)
 
 

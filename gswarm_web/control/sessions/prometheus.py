@@ -98,7 +98,9 @@ def node_text(node: str, frame: dict[str, Any]) -> NodeText:
     host_lines = []
     for name, _, key in HOST:
         value = host.get(key)
-        host_lines.append(f"{name}{{{node_labels}}} {float(value)}\n" if isinstance(value, int | float) else "")
+        host_lines.append(
+            f"{name}{{{node_labels}}} {float(value)}\n" if isinstance(value, int | float) else ""
+        )
     return NodeText(["".join(lines) for lines in gpu], host_lines, float(frame["time"]))
 
 
@@ -152,7 +154,9 @@ class MetricsCache:
         for key, body in raw.items():
             node = key.decode()
             kept = self._nodes.get(node)
-            nodes[node] = kept if kept is not None and kept[0] == body else (body, node_text(node, json.loads(body)))
+            nodes[node] = (
+                kept if kept is not None and kept[0] == body else (body, node_text(node, json.loads(body)))
+            )
         self._nodes = nodes
         return [(n, nodes[n][1]) for n in sorted(nodes)]
 

@@ -45,7 +45,9 @@ def recoverable() -> list[dict[str, Any]]:
         if s.state == "active" and s.name not in pub:
             interrupted.append("not published: its nodes do not sample at its rate")
         if age is None or age > STALE_S:
-            interrupted.append("no archiver (control worker) running: its frames wait in the nodes' bounded streams")
+            interrupted.append(
+                "no archiver (control worker) running: its frames wait in the nodes' bounded streams"
+            )
         counts = session_frames.counts(redis_client(), source(s), session_window(s))
         out.append(
             {

@@ -177,7 +177,11 @@ def stream_document(s: ProfilerSession, window: Window, tail: dict[str, Any]) ->
         hosts.seek(0)
         while chunk := hosts.read(1 << 20):
             yield chunk
-    end = {"summary_by_device": summary.by_device(), "summary_by_node": summary.by_node(), "next_cursor": None}
+    end = {
+        "summary_by_device": summary.by_device(),
+        "summary_by_node": summary.by_node(),
+        "next_cursor": None,
+    }
     yield "]," + json.dumps({**end, **tail})[1:]
 
 
@@ -185,7 +189,11 @@ def output_dir() -> Path:
     """Where a stopped session's `<name>.json` goes on the control plane: profiling.output_dir or
     $GSWARM_HOME/profiler."""
     cfg = settings()
-    return Path(cfg.profiling_output_dir).expanduser() if cfg.profiling_output_dir else Path(cfg.home) / "profiler"
+    return (
+        Path(cfg.profiling_output_dir).expanduser()
+        if cfg.profiling_output_dir
+        else Path(cfg.home) / "profiler"
+    )
 
 
 def write_file(s: ProfilerSession, path: Path, layout: str) -> tuple[Path, Summary]:

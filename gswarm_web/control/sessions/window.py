@@ -60,18 +60,31 @@ class Cursor:
 
     @classmethod
     def decode(cls, text: str, nodes: list[str]) -> Cursor:
-        bad = InvalidRequest("cursor: not a cursor this export gave (take `next_cursor` as it is)", {"field": "cursor"})
+        bad = InvalidRequest(
+            "cursor: not a cursor this export gave (take `next_cursor` as it is)", {"field": "cursor"}
+        )
         if len(text) > CURSOR_MAX_CHARS:
             raise bad
         try:
             doc = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
             fid, raw = doc["f"], doc["n"]
             positions = {str(k): (int(v[0]), int(v[1]), float(v[2])) for k, v in raw.items()}
-        except (ValueError, KeyError, TypeError, IndexError, OverflowError, binascii.Error, AttributeError) as exc:
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            IndexError,
+            OverflowError,
+            binascii.Error,
+            AttributeError,
+        ) as exc:
             raise bad from exc
         if not isinstance(fid, int) or fid < 0 or not set(positions) <= set(nodes):
             raise bad
-        if any(not (0 <= ms < MAX_MS and 0 <= seq <= MAXSEQ and math.isfinite(t)) for ms, seq, t in positions.values()):
+        if any(
+            not (0 <= ms < MAX_MS and 0 <= seq <= MAXSEQ and math.isfinite(t))
+            for ms, seq, t in positions.values()
+        ):
             raise bad
         return cls(fid, positions)
 
@@ -116,7 +129,10 @@ def node_frames(
 
 
 def merged(
-    client: redis.Redis | None, source: Source, window: tuple[datetime, datetime], cursor: Cursor | None = None
+    client: redis.Redis | None,
+    source: Source,
+    window: tuple[datetime, datetime],
+    cursor: Cursor | None = None,
 ) -> Iterator[Tagged]:
     """Every node's frames, merged by (time, node): the same order whole or page after page."""
     at = cursor.nodes if cursor else {}

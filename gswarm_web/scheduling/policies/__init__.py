@@ -12,7 +12,9 @@ from .original import OfflineBatch, OnlineCost
 from .simple import Fifo, RoundRobin
 
 # `eft` is a reference for benchmarks, not offered on the command line.
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Fifo, RoundRobin, OfflineBatch, OnlineCost, Gswarm, Eft)}
+POLICIES: dict[str, type[Policy]] = {
+    p.name: p for p in (Fifo, RoundRobin, OfflineBatch, OnlineCost, Gswarm, Eft)
+}
 PUBLIC_POLICIES = ("fifo", "round_robin", "offline", "online", "gswarm")
 DEFAULT_POLICY = "gswarm"
 

@@ -63,7 +63,9 @@ def lru_key(c: Cluster) -> Callable[[int], tuple[bool, float, int]]:
     return lambda g: (c.model_on(g) is not None, c.free_at[g], g)
 
 
-def idle_group(c: Cluster, m: int, key: Callable[[int], Any] | None = None, warm: bool = True) -> Group | None:
+def idle_group(
+    c: Cluster, m: int, key: Callable[[int], Any] | None = None, warm: bool = True
+) -> Group | None:
     """Idle GPUs on one node for model `m`: a warm group if there is one (and `warm`), else the best by `key`."""
     k = c.models[m].gpus_required
     if warm:

@@ -45,7 +45,9 @@ class Gswarm(Policy):
         o = self.options
         self.patience = float(o.get("patience", 0.5))  # loads' worth of extra waiting before paying a load
         self.window = float(o.get("window_seconds", 60.0))  # memory of the demand estimate
-        self.starve = float(o.get("starve_loads", 30.0))  # a model no GPU holds waits about this many loads at most
+        self.starve = float(
+            o.get("starve_loads", 30.0)
+        )  # a model no GPU holds waits about this many loads at most
         w = self.w
         self.offline = w.mode == "offline"
         # Offline only the makespan counts and every queue drains in the end, so no GPU is taken from busy work.
@@ -207,7 +209,9 @@ class Gswarm(Policy):
         for g in c.holders(m):
             if g in idle and not (reserved and reserved(g)):
                 grp = c.residency.held[g][m]
-                if c.residency.warm(m, grp) and all(x in idle and not (reserved and reserved(x)) for x in grp):
+                if c.residency.warm(m, grp) and all(
+                    x in idle and not (reserved and reserved(x)) for x in grp
+                ):
                     return grp
         return None
 
@@ -289,7 +293,9 @@ class Gswarm(Policy):
             for m, q in enumerate(self.queues):
                 if not q or m in skip:
                     continue
-                drain = self.drain(m, now)  # nothing changes within one pass: each model's drain is taken once
+                drain = self.drain(
+                    m, now
+                )  # nothing changes within one pass: each model's drain is taken once
                 if drain < INF and self._want(m, now, self._least_load(m, now, free_on), 0.0, drain) <= 0:
                     continue  # no load here can be worth it (evictions only add): skip pricing them
                 pick = self._best_gpus(m, now, free_on)
@@ -299,7 +305,10 @@ class Gswarm(Policy):
                         # nothing running will free a GPU for it: ask again when its wait outgrows the load
                         self._wake = min(self._wake, now - want + 1e-9)
                 elif self.w.models[m].gpus_required > 1 and drain == INF:
-                    want, gpus = self._want(m, now, 0.0, 0.0, drain), None  # too few free: reserve what there is
+                    want, gpus = (
+                        self._want(m, now, 0.0, 0.0, drain),
+                        None,
+                    )  # too few free: reserve what there is
                 else:
                     continue
                 if want > 0 and (best is None or want > best[0]):
