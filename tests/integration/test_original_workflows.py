@@ -118,7 +118,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, s3: dict[st
     env = {"HF_HUB_DISABLE_TELEMETRY": "1", "GSWARM_DATA_S3_ENABLED": "true", **s3}
     repos = {**dict.fromkeys(REPOS, model_dir), LM: tiny_gpt2(tmp_path_factory.mktemp("lm"))}
     with HfTestServer(repos) as hf:
-        with running_fleet(tmp_path_factory.mktemp("originals"), 9, (), {**env, "HF_ENDPOINT": hf.url}) as f:
+        with running_fleet(tmp_path_factory.mktemp("originals"), (), {**env, "HF_ENDPOINT": hf.url}) as f:
             for node, address in ADDRESSES.items():
                 f.start_node(node, GSWARM_NODE_ADDRESS=address)
             for name, (url, kind) in REGISTERED.items():

@@ -24,7 +24,10 @@ from tests.harness.procs import ROOT, Proc, wait_for
 pytestmark = pytest.mark.serial  # see pyproject.toml: runs alone after the parallel part
 
 IDLE = 64
-LIMIT_S = 2.0
+# /health must answer within this beside slow clients and heavy requests. A worker that a slow body or a CPU-heavy
+# view held would answer after the body's deadline or the simulation (9 s and more), or never; a busy two-core
+# machine answers within 4 s.
+LIMIT_S = 5.0
 BODY_TIMEOUT_S = 2
 SLOW_BODIES = 2000
 BIG = 1_000_000
@@ -244,7 +247,7 @@ def test_a_heavy_simulation_leaves_the_api_answering(api: str, fleet: Fleet) -> 
     config = bench_config()
     body = {
         "config": config,
-        "requests": generate(config, requests=6000, gpus=16, utilization=0.8),
+        "requests": generate(config, requests=20000, gpus=16, utilization=0.8),  # about 9 s of CPU each
         "gpus": 16,
     }
     done: list[requests.Response] = []
