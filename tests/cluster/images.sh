@@ -55,7 +55,7 @@ fi
 # (from where this machine's pip finds it, pinned as the venv has it); its dependency layer outlives code changes.
 ctx=$(mktemp -d -t gswarm-serve-XXXX)
 trap 'rm -rf "$ctx"' EXIT
-tar -C "$SRC" --exclude=__pycache__ -cf - Dockerfile .dockerignore pyproject.toml README.md alembic.ini \
+tar -C "$SRC" --exclude=__pycache__ -cf - Dockerfile .dockerignore pyproject.toml requirements.lock README.md alembic.ini \
   gswarm_tasks gswarm_web migrations config | tar -C "$ctx" -xf -
 mkdir -p "$ctx/wheels"
 torch=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo 2.13.0+cpu)
