@@ -167,8 +167,8 @@ def test_client_connect_ends_with_its_node_worker_and_model_servers(tmp_path: Pa
 
 
 def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
-    bystander = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    bystander = subprocess.Popen(  # alive until its stdin closes
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, start_new_session=True
     )
     try:
         record = {**guardian.identity(bystander.pid), "name": "web", "last": False}

@@ -153,12 +153,7 @@ def fill(svc: Service) -> list[TaskRecord]:
     for rep in sorted(live_, key=lambda r: (r.status == "running", r.created_at), reverse=True)[
         svc.replicas :
     ]:
-        if rep.status in ("running", "unhealthy"):
-            tasks += start_drain(svc, rep)
-        elif rep.status in ("pending", "placing"):
-            rep.status, rep.stopped_at, rep.status_message = "stopped", now(), "scaled down before it started"
-        else:
-            tasks.append(service_state.stop_replica(rep, "scaled down"))
+        tasks += _take_out(svc, rep, "scaled down", "scaled down before it started")
     exclude = _recently_failed(svc)
     for _ in range(svc.replicas - len(live_)):
         try:
@@ -181,14 +176,20 @@ def _retire(svc: Service) -> list[TaskRecord]:
         return []
     tasks: list[TaskRecord] = []
     for rep in old:
-        if rep.status in ("running", "unhealthy"):
-            tasks += start_drain(svc, rep)
-        elif rep.status in ("pending", "placing"):
-            rep.status, rep.stopped_at, rep.status_message = "stopped", now(), "replaced by a rolling update"
-        else:
-            tasks.append(service_state.stop_replica(rep, "replaced by a rolling update"))
+        tasks += _take_out(svc, rep, "replaced by a rolling update")
     svc.status_message = None
     return tasks
+
+
+def _take_out(svc: Service, rep: Replica, why: str, before_start: str | None = None) -> list[TaskRecord]:
+    """A replica leaves its service: a serving one drains, one not started yet is marked stopped (`before_start`
+    says why, else `why`), any other is stopped."""
+    if rep.status in ("running", "unhealthy"):
+        return start_drain(svc, rep)
+    if rep.status in ("pending", "placing"):
+        rep.status, rep.stopped_at, rep.status_message = "stopped", now(), before_start or why
+        return []
+    return [service_state.stop_replica(rep, why)]
 
 
 def start_drain(svc: Service, rep: Replica) -> list[TaskRecord]:
