@@ -73,6 +73,7 @@ def node_of_frames_stream(stream: str) -> str:
 CONTROL_ALIVE_KEY = "gswarm:control-workers"  # hash: consumer -> last time it polled
 TRANSFER_SECRET_KEY = "gswarm:transfer-secret"
 PROFILER_SESSIONS_KEY = "gswarm:profiler:sessions"  # hash: session -> what its nodes should sample
+PROFILER_SESSIONS_CHANNEL = "gswarm:profiler:sessions:changed"  # pub/sub: the hash above changed
 METRICS_LATEST_KEY = "gswarm:metrics:latest"  # hash: node -> its newest frame
 METRICS_SEEN_KEY = "gswarm:metrics:latest:seen"
 SERVICE_LAST_REQUEST_KEY = "gswarm:services:last-request"  # hash: service -> time of its last gateway request

@@ -1,7 +1,8 @@
 """The node's sampler: GPUs (through nvml.py) and host metrics at the asked frequency, into a Redis stream.
 
 It runs on its own thread in the node worker's main process, so a long task never delays a frame. The
-period is the shortest among active sessions that include this node (default: `profiling.default_frequency`).
+period is the shortest among active sessions that include this node (default: `profiling.default_frequency`);
+a session's start or stop is published on a channel, so the new rate begins at once, not a default period later.
 Frames go out pipelined, each with the stream id of its sample time on Redis' clock. While Redis is unreachable
 they go to the spill file (`spill.py`), which outlives the worker and is replayed, in order, once Redis answers;
 without one they wait in a bounded buffer. A frame lost to a bound is counted, never silently.
@@ -104,6 +105,21 @@ class Sampler:
             "gpus": self.source.sample(self.bandwidth, self.nvlink),
             "host": self.host.read(),
         }
+
+    def _listen_loop(self) -> None:
+        """Follow the sessions as soon as the control plane publishes a change (reconnecting while Redis is down)."""
+        while not self._stop.is_set():
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(names.PROFILER_SESSIONS_CHANNEL)
+                self._follow_sessions()  # what changed while this subscription was not there yet
+                while not self._stop.is_set():
+                    if pubsub.get_message(timeout=1.0) is not None:
+                        self._follow_sessions()
+            except (redis.RedisError, OSError):
+                self._stop.wait(0.5)
+            finally:
+                pubsub.close()
 
     def _follow_sessions(self) -> None:
         """Shortest period among active sessions that include this node; bandwidth/NVLink as they ask."""
@@ -232,12 +248,16 @@ class Sampler:
         self._thread.start()
         self._sync = threading.Thread(target=self._sync_loop, name=f"gswarm-frames-{self.node}", daemon=True)
         self._sync.start()
+        self._listen = threading.Thread(
+            target=self._listen_loop, name=f"gswarm-sessions-{self.node}", daemon=True
+        )
+        self._listen.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._kick.set()
         self._wake.set()
-        for t in (self._thread, getattr(self, "_sync", None)):
+        for t in (self._thread, getattr(self, "_sync", None), getattr(self, "_listen", None)):
             if t is not None:
                 t.join(timeout=2)
         self.flush()

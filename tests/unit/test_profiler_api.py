@@ -3,6 +3,7 @@ their field and change nothing; frames go in time order), paged exports of an im
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import fakeredis
@@ -43,6 +44,20 @@ def test_a_session_without_a_name_gets_one(api: Any, app: Flask) -> None:
     code, again = api("POST", "/profiler/sessions", {"freq_ms": 500})
     assert code == 201 and again["name"] != s["name"]  # the same second: a suffix
     assert app.extensions["gswarm_redis"].hexists(names.PROFILER_SESSIONS_KEY, s["name"])
+
+
+def test_a_session_start_and_stop_are_announced_to_the_samplers(api: Any, app: Flask) -> None:
+    pubsub = app.extensions["gswarm_redis"].pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(names.PROFILER_SESSIONS_CHANNEL)
+    assert api("POST", "/profiler/sessions", {"name": "told", "freq_ms": 200})[0] == 201
+    assert api("POST", "/profiler/sessions/told/stop", {})[0] == 200
+    told, deadline = [], time.monotonic() + 5
+    while len(told) < 2 and time.monotonic() < deadline:
+        m = pubsub.get_message(timeout=0.5)
+        if m is not None:
+            told.append(m["data"])
+    assert told == [b"told", b"told"]
+    assert not app.extensions["gswarm_redis"].hexists(names.PROFILER_SESSIONS_KEY, "told")
 
 
 def test_import_refusals_name_the_field_and_change_nothing(api: Any) -> None:

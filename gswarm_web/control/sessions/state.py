@@ -43,18 +43,24 @@ def session_window(s: ProfilerSession, start: datetime | None = None, end: datet
 
 
 def publish(s: ProfilerSession) -> None:
-    """Tell the nodes' samplers about an active session (they read this hash every second)."""
+    """Tell the nodes' samplers about an active session: they read the hash when told, and every second."""
     doc = {
         "freq_ms": s.freq_ms,
         "nodes": s.nodes,
         "enable_bandwidth": s.enable_bandwidth,
         "enable_nvlink": s.enable_nvlink,
     }
-    redis_client().hset(names.PROFILER_SESSIONS_KEY, s.name, json.dumps(doc))
+    pipe = redis_client().pipeline(transaction=True)
+    pipe.hset(names.PROFILER_SESSIONS_KEY, s.name, json.dumps(doc))
+    pipe.publish(names.PROFILER_SESSIONS_CHANNEL, s.name)
+    pipe.execute()
 
 
 def unpublish(name: str) -> None:
-    redis_client().hdel(names.PROFILER_SESSIONS_KEY, name)
+    pipe = redis_client().pipeline(transaction=True)
+    pipe.hdel(names.PROFILER_SESSIONS_KEY, name)
+    pipe.publish(names.PROFILER_SESSIONS_CHANNEL, name)
+    pipe.execute()
 
 
 def published() -> set[str]:
