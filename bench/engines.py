@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.autoscale import own_redis  # noqa: E402
-from bench.common import Row  # noqa: E402
+from bench.common import Profiles, Row  # noqa: E402
 from bench.gateway import service, start_api  # noqa: E402
 from gswarm_tasks.serving.keys import key_for  # noqa: E402
 from tests.harness.fleet import Fleet  # noqa: E402
@@ -247,6 +247,51 @@ def read_results(out: Path, rc: int) -> dict[str, Any]:
     return res
 
 
+# --- where the gateway's time goes ---
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def schedstat(procs: list[psutil.Process]) -> tuple[float, float]:
+    """Seconds on a core and seconds runnable but waiting for one, over every thread of `procs`
+    (/proc/<pid>/task/<tid>/schedstat: the kernel's run time and run-queue delay, in ns)."""
+    run = wait = 0
+    for p in procs:
+        for task in Path(f"/proc/{p.pid}/task").glob("*"):
+            try:
+                fields = (task / "schedstat").read_text().split()
+            except OSError:
+                continue  # a thread that ended meanwhile
+            run, wait = run + int(fields[0]), wait + int(fields[1])
+    return run / 1e9, wait / 1e9
+
+
+class Clock:
+    """CPU time and run-queue wait of the gateway's and the engine's processes over one aiperf run."""
+
+    def __init__(self, api_pid: int, engine_pid: int | None) -> None:
+        self.groups = {
+            "gateway": process_tree(api_pid),
+            "engine": process_tree(engine_pid) if engine_pid else [],
+        }
+        self.start = {k: schedstat(v) for k, v in self.groups.items()}
+
+    def per_request(self, requests_done: int) -> dict[str, float]:
+        out = {}
+        for k, procs in self.groups.items():
+            (r0, w0), (r1, w1) = self.start[k], schedstat(procs)
+            n = max(1, requests_done)
+            out[f"{k}_cpu_ms"] = round((r1 - r0) * 1000 / n, 2)
+            out[f"{k}_runq_ms"] = round((w1 - w0) * 1000 / n, 2)
+        return out
+
+
 # --- the fleet ---
 
 
@@ -335,7 +380,8 @@ def compare(fleet: Fleet, gateway: str, ap: Aiperf, case: Case, args: argparse.N
     sid, first_s = serve_until_answered(fleet, gateway, case.body, case.probe)
     try:
         url, key = replica(fleet, sid)
-        engine = next(i["engine"] for i in service(fleet, sid)["instances"] if i["status"] == "running")
+        running = [i for i in service(fleet, sid)["instances"] if i["status"] == "running"]
+        engine, engine_pid = running[0]["engine"], running[0].get("pid")
         print(f"{case.title}: {engine} at {url}, first answer through the gateway {first_s:.1f} s after the POST",
               flush=True)  # fmt: skip
         levels: dict[str, Any] = {}
@@ -346,9 +392,13 @@ def compare(fleet: Fleet, gateway: str, ap: Aiperf, case: Case, args: argparse.N
                 got: dict[str, Any] = {}
                 for path in order:
                     target, bearer = (gateway, fleet.token) if path == "gateway" else (url, key)
-                    got[path] = ap.compare(
-                        target, bearer, case.model, case.endpoint, c, f"{case.key}-c{c}-r{r}-{path}"
-                    )
+                    tag = f"{case.key}-c{c}-r{r}-{path}"
+                    clock = Clock(fleet.procs["api"].pid, engine_pid)
+                    spied = {"api": fleet.procs["api"].pid} if path == "gateway" else {}
+                    with Profiles(args.profile, "raw").record(tag, spied):
+                        got[path] = ap.compare(target, bearer, case.model, case.endpoint, c, tag)
+                    sent = sum(ph["requests"] for ph in got[path]["phases"].values())
+                    got[path]["time"] = clock.per_request(sent)
                 gw, dr = got["gateway"], got["direct"]
                 one = {
                     "order": list(order),
@@ -371,6 +421,10 @@ def brief(res: dict[str, Any]) -> dict[str, Any]:
         for k in ("p50_ms", "p99_ms", "rps", "ok")
     }
     out["failed"] = res["failed"]
+    if res.get(
+        "time"
+    ):  # CPU and run-queue wait per request (every phase's), gateway's and engine's processes
+        out.update(res["time"])
     if res["rc"] != 0:
         out["rc"] = res["rc"]
     if res["errors"]:
@@ -519,6 +573,8 @@ def main() -> int:
     ap.add_argument("--target-in-flight", type=float, default=2.0, help="the autoscaled service's target")
     ap.add_argument("--aiperf", default=str(ENGINES / "aiperf" / "bin" / "aiperf"))
     ap.add_argument("--artifacts", default=None, help="keep aiperf's artifact directories here")
+    ap.add_argument("--profile", default=None, help="py-spy recordings (collapsed stacks) of the API's processes "
+                    "during each gateway run, in this directory")  # fmt: skip
     args = ap.parse_args()
     args.concurrency = [int(x) for x in args.concurrency.split(",") if x.strip()]
     only = {x.strip() for x in args.only.split(",") if x.strip()}

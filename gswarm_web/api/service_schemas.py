@@ -109,8 +109,10 @@ def _policy_doc(svc: Service) -> dict[str, Any] | None:
 
 AUTOSCALING = {
     "description": "scale between min_replicas and max_replicas on a target: target_in_flight (requests in flight "
-    "per replica, the gateway's queue included; 4 by default) or target_queue_wait_s (mean seconds requests wait "
-    "in the gateway's queue); scale_up_delay_s and scale_down_delay_s (serving.scale_up_delay, 2, and "
+    "per replica, the gateway's queue included; 4 by default), target_queue_wait_s (mean seconds requests wait "
+    "in the gateway's queue) or target_engine_waiting (requests waiting in each replica's engine's own queue: "
+    "vllm:num_requests_waiting, sglang:num_queue_reqs, llamacpp:requests_deferred); scale_up_delay_s and "
+    "scale_down_delay_s (serving.scale_up_delay, 2, and "
     "serving.scale_down_delay, 30, by default). min_replicas 0: the service sleeps until a request comes"
 }
 
@@ -203,7 +205,7 @@ class ScalingEventSchema(ma.Schema):
         attribute="load",
         data_key="load",
         allow_none=True,
-        metadata={"description": "in_flight, waiting, queue wait"},
+        metadata={"description": "in_flight, waiting, queue_wait_s, engine_waiting"},
     )
 
 
@@ -217,6 +219,12 @@ class ScalingSchema(ma.Schema):
         metadata={"description": "requests in flight per replica, over every web process"}
     )
     waiting = ma.fields.Integer(metadata={"description": "requests waiting in the gateway's queue"})
+    engine_waiting = ma.fields.Float(
+        allow_none=True,
+        metadata={
+            "description": "requests waiting in the replicas' engines' own queues (null: none reports one)"
+        },
+    )
     events = ma.fields.List(ma.fields.Nested(ScalingEventSchema))
 
 

@@ -47,6 +47,12 @@ console = Console(soft_wrap=True)
     "--target-in-flight", type=float, default=None, help="Autoscaled: requests in flight per replica (4)."
 )
 @click.option(
+    "--target-engine-waiting",
+    type=float,
+    default=None,
+    help="Autoscaled: requests waiting in each replica's engine queue (vllm:num_requests_waiting, ...).",
+)
+@click.option(
     "--timeout", type=float, default=600, show_default=True, help="Seconds to wait for the replicas."
 )
 @click.option("--no-wait", is_flag=True)
@@ -61,6 +67,7 @@ def serve(
     min_replicas: int | None,
     max_replicas: int | None,
     target_in_flight: float | None,
+    target_engine_waiting: float | None,
     timeout: float,
     no_wait: bool,
 ) -> None:
@@ -69,7 +76,8 @@ def serve(
     c = api()
     target = device if device.startswith("auto") else full_device(device, node, "--device")
     body: dict[str, Any] = {"model_name": name, "device": target, "engine": engine}
-    given = {"min_replicas": min_replicas, "max_replicas": max_replicas, "target_in_flight": target_in_flight}
+    given = {"min_replicas": min_replicas, "max_replicas": max_replicas, "target_in_flight": target_in_flight,
+             "target_engine_waiting": target_engine_waiting}  # fmt: skip
     if any(v is not None for v in given.values()):
         body["autoscaling"] = {k: v for k, v in given.items() if v is not None}
     if replicas is not None or "autoscaling" not in body:
@@ -224,11 +232,12 @@ def service_health(name_or_service: str, as_json: bool) -> None:
 def _policy_text(policy: dict[str, Any] | None) -> str:
     if not policy:
         return "fixed (no autoscaling)"
-    target = (
-        f"{policy['target_in_flight']:g} in flight per replica"
-        if policy.get("target_in_flight") is not None
-        else f"queue wait {policy['target_queue_wait_s']:g} s"
-    )
+    if policy.get("target_in_flight") is not None:
+        target = f"{policy['target_in_flight']:g} in flight per replica"
+    elif policy.get("target_engine_waiting") is not None:
+        target = f"{policy['target_engine_waiting']:g} waiting in each engine's queue"
+    else:
+        target = f"queue wait {policy['target_queue_wait_s']:g} s"
     return (
         f"{policy['min_replicas']} to {policy['max_replicas']} replicas, target {target}, up after "
         f"{policy['scale_up_delay_s']:g} s, down after {policy['scale_down_delay_s']:g} s"
@@ -252,7 +261,9 @@ def scaling(name_or_service: str, limit: int, as_json: bool) -> None:
     console.print(f"service {body['service_id']} ({svc['model_name']}): {body['replicas']} replicas ({counts})",
                   highlight=False)  # fmt: skip
     console.print(f"autoscaling: {_policy_text(body['autoscaling'])}", highlight=False)
-    console.print(f"load now: {in_flight} in flight, {body['waiting']} waiting", highlight=False)
+    engine = body.get("engine_waiting")
+    queued = f", {engine:g} waiting in the engines' queues" if engine is not None else ""
+    console.print(f"load now: {in_flight} in flight, {body['waiting']} waiting{queued}", highlight=False)
     table = Table("at", "replicas", "why", "load seen")
     for e in body["events"][:limit]:
         style = "green" if e["direction"] == "up" else "yellow"

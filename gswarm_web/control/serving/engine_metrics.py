@@ -1,5 +1,7 @@
-"""The engines' own metrics (`vllm:*`, `llamacpp:*`, `sglang:*`) on gswarm's `/metrics`, as Prometheus federation
-would show them: every sample of every replica's last scrape, labelled with its `service`, `model` and `replica`.
+"""The engines' own metrics (`vllm:*`, `llamacpp:*`, `sglang:*`, `tgi_*`) on gswarm's `/metrics`, as Prometheus
+federation would show them: every sample of the engines' own families in every replica's last scrape, labelled with
+its `service`, `model` and `replica` (the servers' generic families, `process_*`, `python_*`, `http_*`, are left
+out: they say nothing of the engine, and a vLLM replica's would triple its share of the scrape).
 
 A node scrapes its replicas' metrics with their health checks (`serving/replicas.py`) and keeps the text in Redis;
 here each replica's text is parsed once per scrape (prometheus_client's parser) and written again with those
@@ -24,6 +26,7 @@ from ...tables import Model, Replica, Service
 log = logging.getLogger(__name__)
 
 STALE_S = 60.0
+NAMESPACES = ("vllm:", "llamacpp:", "sglang:", "tgi_")
 _parsed: dict[
     str, tuple[float, list[Any]]
 ] = {}  # replica -> (scraped at, its families): parsed once per scrape
@@ -67,6 +70,27 @@ def scrapes(client: redis.Redis) -> dict[str, dict[str, Any]]:
     return out
 
 
+# The gauges of requests an engine holds in its own queue (it has taken them, but not into a batch yet).
+QUEUES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred")
+
+
+def engine_waiting(client: redis.Redis, replicas: list[str], fresh_s: float) -> float | None:
+    """Requests waiting in the engines' own queues over `replicas`, from scrapes younger than `fresh_s` (None: no
+    replica reports a queue)."""
+    found = scrapes(client)
+    total, reported = 0.0, False
+    now = time.time()
+    for replica in replicas:
+        doc = found.get(replica)
+        if doc is None or now - float(doc["at"]) > fresh_s:
+            continue
+        for fam in _families(replica, float(doc["at"]), doc["text"]):
+            if fam.name in QUEUES:
+                total += sum(float(sample.value) for sample in fam.samples)
+                reported = True
+    return total if reported else None
+
+
 def engine_text(client: redis.Redis) -> str:
     """Every fresh replica's engine metrics with service, model and replica labels (Prometheus text format)."""
     found = scrapes(client)
@@ -83,6 +107,8 @@ def engine_text(client: redis.Redis) -> str:
         doc = found[replica]
         extra = {"service": service, "model": model, "replica": replica}
         for fam in _families(replica, float(doc["at"]), doc["text"]):
+            if not fam.name.startswith(NAMESPACES):
+                continue
             kind, help_, lines = families.setdefault(fam.name, (fam.type, fam.documentation, []))
             for sample in fam.samples:
                 labels = {**sample.labels, **extra}

@@ -1,8 +1,11 @@
 """An autoscaled service's policy and the autoscaler's decision, as pure functions of what it sampled.
 
 A service may set `min_replicas`, `max_replicas` and one target: `target_in_flight` (requests in flight per
-replica, counted over every web process, the requests waiting in the gateway's queue included) or
-`target_queue_wait_s` (the mean time requests waited in the gateway's queue for a replica). Replicas are added
+replica, counted over every web process, the requests waiting in the gateway's queue included),
+`target_queue_wait_s` (the mean time requests waited in the gateway's queue for a replica) or
+`target_engine_waiting` (requests waiting in the engines' own queues per replica: vLLM's
+`vllm:num_requests_waiting`, SGLang's `sglang:num_queue_reqs`, llama.cpp's `llamacpp:requests_deferred`; where no
+replica reports one, the gateway's queue stands in). Replicas are added
 once every sample of the last `scale_up_delay_s` asked for more (to the fewest any of them asked for), and removed
 once every sample of the last `scale_down_delay_s` asked for fewer (to the most any of them asked for); a request
 waiting for a service at zero starts one at once.
@@ -17,8 +20,8 @@ from typing import Any
 
 from gswarm_tasks.errors import InvalidRequest
 
-KEYS = ("min_replicas", "max_replicas", "target_in_flight", "target_queue_wait_s", "scale_up_delay_s",
-        "scale_down_delay_s")  # fmt: skip
+TARGETS = ("target_in_flight", "target_queue_wait_s", "target_engine_waiting")
+KEYS = ("min_replicas", "max_replicas", *TARGETS, "scale_up_delay_s", "scale_down_delay_s")
 DEFAULT_TARGET_IN_FLIGHT = 4.0
 MOST_REPLICAS = 64
 
@@ -33,6 +36,7 @@ class Policy:
     target_queue_wait_s: float | None
     scale_up_delay_s: float
     scale_down_delay_s: float
+    target_engine_waiting: float | None = None
 
     def doc(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -40,13 +44,15 @@ class Policy:
 
 @dataclass(frozen=True)
 class Sample:
-    """The load of a service at one tick: requests in flight at its replicas, waiting in the queue, and the mean
-    queue wait of the requests that were served since the previous tick (None: none was)."""
+    """The load of a service at one tick: requests in flight at its replicas, waiting in the queue, the mean queue
+    wait of the requests that were served since the previous tick (None: none was), and the requests waiting in its
+    replicas' engines' own queues (None: no replica reports one)."""
 
     at: float
     in_flight: int
     waiting: int
     queue_wait_s: float | None = None
+    engine_waiting: float | None = None
 
 
 def _number(
@@ -80,22 +86,23 @@ def parse(doc: Any, up_delay_s: float, down_delay_s: float, where: str = "autosc
         raise InvalidRequest(f"{field}: {low} is above max_replicas {high}", {"field": field})
     in_flight = _number(doc, "target_in_flight", where, 0.01, 1e6)
     wait = _number(doc, "target_queue_wait_s", where, 0.001, 3600)
-    if in_flight is not None and wait is not None:
+    engine = _number(doc, "target_engine_waiting", where, 0.01, 1e6)
+    given = [k for k, v in zip(TARGETS, (in_flight, wait, engine), strict=True) if v is not None]
+    if len(given) > 1:
         raise InvalidRequest(
-            f"{where}.target_queue_wait_s: one target, target_in_flight or target_queue_wait_s",
-            {"field": f"{where}.target_queue_wait_s"},
+            f"{where}.{given[1]}: one target, {', '.join(TARGETS[:-1])} or {TARGETS[-1]}",
+            {"field": f"{where}.{given[1]}"},
         )
     up = _number(doc, "scale_up_delay_s", where, 0, 3600)
     down = _number(doc, "scale_down_delay_s", where, 0, 86400)
     return Policy(
         low,
         high,
-        float(in_flight)
-        if in_flight is not None
-        else (None if wait is not None else DEFAULT_TARGET_IN_FLIGHT),
+        float(in_flight) if in_flight is not None else (None if given else DEFAULT_TARGET_IN_FLIGHT),
         float(wait) if wait is not None else None,
         float(up_delay_s if up is None else up),
         float(down_delay_s if down is None else down),
+        float(engine) if engine is not None else None,
     )
 
 
@@ -103,6 +110,8 @@ def wanted(policy: Policy, current: int, s: Sample) -> int:
     """The replica count one sample asks for, within the policy's bounds."""
     if policy.target_in_flight is not None:
         want = math.ceil((s.in_flight + s.waiting) / policy.target_in_flight - 1e-9)
+    elif policy.target_engine_waiting is not None:
+        want = _for_engine_queue(policy.target_engine_waiting, current, s)
     elif s.queue_wait_s is not None and s.queue_wait_s > policy.target_queue_wait_s:  # type: ignore[operator]
         want = max(current + 1, math.ceil(current * s.queue_wait_s / policy.target_queue_wait_s))  # type: ignore
     elif s.waiting or (s.queue_wait_s or 0.0) > policy.target_queue_wait_s / 4:  # type: ignore[operator]
@@ -114,6 +123,20 @@ def wanted(policy: Policy, current: int, s: Sample) -> int:
     if s.waiting and want < 1:
         want = 1  # a request waits: never none
     return max(policy.min_replicas, min(policy.max_replicas, want))
+
+
+def _for_engine_queue(target: float, current: int, s: Sample) -> int:
+    """Replicas for a target of requests waiting in each engine's own queue: above it, enough replicas to bring the
+    mean to it (one more at least); some waiting, stay; none waiting anywhere, one fewer (the scale-down delay
+    keeps a service from shrinking while its load holds)."""
+    queued = s.engine_waiting if s.engine_waiting is not None else float(s.waiting)
+    if current == 0:
+        return 1 if (s.waiting or s.in_flight) else 0
+    if queued / current > target:
+        return max(current + 1, math.ceil(queued / target - 1e-9))
+    if queued or s.waiting:
+        return current
+    return current - 1 if current > 1 else (1 if s.in_flight else 0)
 
 
 def decide(policy: Policy, current: int, samples: Sequence[Sample], now: float) -> tuple[int, str] | None:
@@ -153,6 +176,10 @@ def _load(policy: Policy, window: Sequence[Sample]) -> str:
     if policy.target_in_flight is not None:
         mean = sum(s.in_flight + s.waiting for s in window) / len(window)
         return f"mean {mean:.1f} in flight or waiting, target {policy.target_in_flight:g} per replica"
+    if policy.target_engine_waiting is not None:
+        queued = [s.engine_waiting if s.engine_waiting is not None else float(s.waiting) for s in window]
+        mean = sum(queued) / len(queued)
+        return f"mean {mean:.1f} waiting in the engines' queues, target {policy.target_engine_waiting:g} per replica"
     waits = [s.queue_wait_s for s in window if s.queue_wait_s is not None]
     mean_wait = sum(waits) / len(waits) if waits else 0.0
     return f"mean queue wait {mean_wait:.3f} s, target {policy.target_queue_wait_s:g} s"

@@ -122,7 +122,9 @@ function placementMatrix(models, nodes) {
 
 function policyText(p) {
   if (!p) return "fixed";
-  const target = p.target_in_flight != null ? `${p.target_in_flight} in flight / replica` : `queue wait ${p.target_queue_wait_s} s`;
+  const target = p.target_in_flight != null ? `${p.target_in_flight} in flight / replica`
+    : p.target_engine_waiting != null ? `${p.target_engine_waiting} waiting / engine queue`
+    : `queue wait ${p.target_queue_wait_s} s`;
   return `${p.min_replicas}–${p.max_replicas}, ${target}`;
 }
 
