@@ -295,11 +295,13 @@ class Clock:
 # --- the fleet ---
 
 
-def start_fleet(fleet: Fleet) -> str:
-    """The control worker, node1 with vLLM and llama.cpp in their own directories, beat and the API; its URL."""
+def start_fleet(fleet: Fleet, engine_cpus: str | None = None) -> str:
+    """The control worker, node1 with vLLM and llama.cpp in their own directories, beat and the API; its URL.
+    `engine_cpus`: the cores vLLM's compute threads are bound to (its VLLM_CPU_OMP_THREADS_BIND)."""
     paths = json.dumps({"vllm": str(ENGINES / "vllm"), "llama.cpp": str(ENGINES / "llama.cpp")})
     fleet.start("control", "control", app_module="gswarm_web.celery_app")
-    fleet.start_node("node1", GSWARM_SERVE_ENGINE_PATHS=paths)
+    bind = {"VLLM_CPU_OMP_THREADS_BIND": engine_cpus} if engine_cpus else {}
+    fleet.start_node("node1", GSWARM_SERVE_ENGINE_PATHS=paths, **bind)
     fleet.start_beat()
     api = start_api(fleet)
     wait_for(lambda: (fleet.get("/nodes/node1")[1].get("engines") or {}).get("vllm"), 120, "node1's engines")
@@ -573,6 +575,12 @@ def main() -> int:
     ap.add_argument("--target-in-flight", type=float, default=2.0, help="the autoscaled service's target")
     ap.add_argument("--aiperf", default=str(ENGINES / "aiperf" / "bin" / "aiperf"))
     ap.add_argument("--artifacts", default=None, help="keep aiperf's artifact directories here")
+    ap.add_argument(
+        "--engine-cpus",
+        default=None,
+        help="bind vLLM's compute threads to these cores (e.g. 1), "
+        "leaving the others to the gateway and the load client, as on a host whose engine has its own",
+    )
     ap.add_argument("--profile", default=None, help="py-spy recordings (collapsed stacks) of the API's processes "
                     "during each gateway run, in this directory")  # fmt: skip
     args = ap.parse_args()
@@ -597,8 +605,9 @@ def main() -> int:
     repo = tmp / "gguf-repo"
     repo.mkdir()
     shutil.copy(GGUF, repo / GGUF.name)
-    summary: dict[str, Any] = {"settings": {k: getattr(args, k) for k in ("concurrency", "duration", "requests",
-                               "repeat", "isl", "osl", "step_base", "step_seconds", "target_in_flight")}}  # fmt: skip
+    kept = ("concurrency", "duration", "requests", "repeat", "isl", "osl", "step_base", "step_seconds",
+            "target_in_flight", "engine_cpus")  # fmt: skip
+    summary: dict[str, Any] = {"settings": {k: getattr(args, k) for k in kept}}
     with HfTestServer({GGUF_REPO: repo}) as hf, own_redis() as redis_url:
         env = {
             "GSWARM_MODELS_ALLOWED_ROOTS": str(MINILM.parent),
@@ -612,7 +621,7 @@ def main() -> int:
         }
         fleet = Fleet(tmp, extra_env=env, redis_url=redis_url)
         try:
-            gateway = start_fleet(fleet)
+            gateway = start_fleet(fleet, args.engine_cpus)
             register(fleet, only)
             for key in ("vllm", "llamacpp", "step"):
                 if key not in only:
