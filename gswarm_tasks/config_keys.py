@@ -38,7 +38,7 @@ def _unknown(path: str, key: str, siblings: Iterable[str], source: str) -> Confi
     )
     where = f"`{path.rsplit('.', 1)[0]}` takes" if "." in path else "the top level takes"
     return ConfigError(
-        f"{source}: {path} is not a gswarm setting{hint}; {where}: {', '.join(known)} (README, Configuration)",
+        f"{source}: {path} is not a gswarm setting{hint}; {where}: {', '.join(known)} (docs/reference/settings.md)",
         {"field": path},
     )
 
