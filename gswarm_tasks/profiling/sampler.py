@@ -95,6 +95,7 @@ class Sampler:
         self._wake = threading.Event()
         self._kick = threading.Event()
         self._flush_lock = threading.Lock()
+        self.listening = threading.Event()  # set while subscribed to the sessions' announcements
 
     def frame(self) -> dict[str, Any]:
         self.seq += 1
@@ -109,14 +110,21 @@ class Sampler:
     def _listen_loop(self) -> None:
         """Follow the sessions as soon as the control plane publishes a change (reconnecting while Redis is down)."""
         while not self._stop.is_set():
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            pubsub = self.client.pubsub()
             try:
                 pubsub.subscribe(names.PROFILER_SESSIONS_CHANNEL)
-                self._follow_sessions()  # what changed while this subscription was not there yet
+                while not self._stop.is_set():  # Redis confirms the subscription: from now on nothing is missed
+                    confirmed = pubsub.get_message(timeout=1.0)
+                    if confirmed is not None and confirmed["type"] == "subscribe":
+                        break
+                self._follow_sessions()  # what changed before the subscription
+                self.listening.set()
                 while not self._stop.is_set():
-                    if pubsub.get_message(timeout=1.0) is not None:
+                    told = pubsub.get_message(timeout=1.0)
+                    if told is not None and told["type"] == "message":
                         self._follow_sessions()
             except (redis.RedisError, OSError):
+                self.listening.clear()
                 self._stop.wait(0.5)
             finally:
                 pubsub.close()

@@ -23,7 +23,7 @@ def test_a_started_session_sets_the_rate_at_once_and_a_stopped_one_gives_it_back
     sampler.start()
     try:
         wait_for(lambda: frame_times(client, "n1"), 10, "the first frame at the default rate")
-        time.sleep(0.2)  # the listener subscribes as it starts; give the first frame's sync its turn
+        assert sampler.listening.wait(10), "the sampler never subscribed to the sessions' announcements"
         announced = time.time()
         pipe = client.pipeline(transaction=True)  # what the control plane does when a session starts
         pipe.hset(names.PROFILER_SESSIONS_KEY, "s", json.dumps({"freq_ms": 100, "nodes": ["n1"]}))
