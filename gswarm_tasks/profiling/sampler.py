@@ -113,7 +113,8 @@ class Sampler:
             pubsub = self.client.pubsub()
             try:
                 pubsub.subscribe(names.PROFILER_SESSIONS_CHANNEL)
-                while not self._stop.is_set():  # Redis confirms the subscription: from now on nothing is missed
+                # Redis confirms the subscription: from then on no announcement is missed
+                while not self._stop.is_set():
                     confirmed = pubsub.get_message(timeout=1.0)
                     if confirmed is not None and confirmed["type"] == "subscribe":
                         break
