@@ -214,13 +214,20 @@ def test_minilm_on_vllm_answers_as_sentence_transformers_does(fleet: Fleet) -> N
         stop(fleet, fleet.get(f"/services/{svc['id']}")[1])
 
 
-def test_a_gguf_from_the_hub_on_auto_is_served_by_llama_cpp(fleet: Fleet) -> None:
+def smollm2_from_the_hub(fleet: Fleet) -> None:
+    """SmolLM2's GGUF registered from the HF endpoint and downloaded to node1's disk (once per fleet)."""
+    if fleet.get("/models/smollm2")[0] == 200:
+        return
     code, body = fleet.post(
         "/models", {"model_name": "smollm2", "model_type": "llm", "source_url": f"hf://{GGUF_REPO}"}
     )
     assert code == 201, body
     code, body = fleet.post("/models/smollm2/download", {"target_device": "node1:disk"})
     assert code == 202 and fleet.wait_task(body["task_id"], 300)["status"] == "succeeded"
+
+
+def test_a_gguf_from_the_hub_on_auto_is_served_by_llama_cpp(fleet: Fleet) -> None:
+    smollm2_from_the_hub(fleet)
     svc = serve(fleet, {"model_name": "smollm2", "device": "node1:cpu", "engine": "auto"})
     assert svc["instances"][0]["engine"] == "llama.cpp"
     try:
@@ -249,6 +256,45 @@ def test_a_gguf_from_the_hub_on_auto_is_served_by_llama_cpp(fleet: Fleet) -> Non
         assert engine_queue(fleet, svc["id"]) == 0.0  # llamacpp:requests_deferred
     finally:
         stop(fleet, fleet.get(f"/services/{svc['id']}")[1])
+
+
+def test_the_engines_own_queue_scales_a_llama_cpp_service_out(fleet: Fleet) -> None:
+    """One slot a replica (`parallel: 1`): a burst of long chats waits in llama.cpp's own queue
+    (llamacpp:requests_deferred), and the autoscaler, on target_engine_waiting, adds a replica for it."""
+    smollm2_from_the_hub(fleet)
+    policy = {"min_replicas": 1, "max_replicas": 2, "target_engine_waiting": 0.5, "scale_up_delay_s": 1,
+              "scale_down_delay_s": 600}  # fmt: skip
+    svc = serve(fleet, {"model_name": "smollm2", "device": "auto:cpu", "engine": "llama.cpp",
+                        "config": {"parallel": 1}, "autoscaling": policy})  # fmt: skip
+    sid = svc["id"]
+    burst: list[int] = []
+    try:
+        chat = {"model": "smollm2", "messages": [{"role": "user", "content": "Tell a long story."}],
+                "max_tokens": 400, "ignore_eos": True}  # fmt: skip
+
+        def ask() -> None:
+            r = requests.post(f"{fleet.base_url}/v1/chat/completions", json=chat, headers=fleet.auth(),  # type: ignore[attr-defined]
+                              timeout=300)  # fmt: skip
+            burst.append(r.status_code)
+
+        threads = [threading.Thread(target=ask, daemon=True) for _ in range(4)]
+        for t in threads:
+            t.start()
+
+        def scaled_on_the_queue() -> dict[str, Any] | None:
+            events = fleet.get(f"/services/{sid}/scaling")[1]["events"]
+            return next((e for e in events if e["direction"] == "up"), None)
+
+        up = waited(fleet, sid, scaled_on_the_queue, 120, "a scale-up on the engine's queue")
+        assert up["to_replicas"] == 2 and up["load"]["engine_waiting"] >= 1, up
+        assert "waiting in the engines' queues" in up["reason"], up
+        for t in threads:
+            t.join(300)
+        assert burst == [200] * 4, burst
+        waited(fleet, sid, lambda: fleet.get(f"/services/{sid}")[1]["ready_replicas"] == 2, 120,
+               "the added replica running")  # fmt: skip
+    finally:
+        stop(fleet, fleet.get(f"/services/{sid}")[1])
 
 
 class Load:
