@@ -5,6 +5,8 @@ Nodes and the control plane meet only through these names; nothing else spells o
 
 from __future__ import annotations
 
+from typing import Any
+
 # ---- queues and priorities ------------------------------------------------------------------------------------
 
 CONTROL_QUEUE = "control"
@@ -73,7 +75,9 @@ def node_of_frames_stream(stream: str) -> str:
 CONTROL_ALIVE_KEY = "gswarm:control-workers"  # hash: consumer -> last time it polled
 TRANSFER_SECRET_KEY = "gswarm:transfer-secret"
 PROFILER_SESSIONS_KEY = "gswarm:profiler:sessions"  # hash: session -> what its nodes should sample
-PROFILER_SESSIONS_CHANNEL = "gswarm:profiler:sessions:changed"  # pub/sub: the hash above changed
+PROFILER_SESSIONS_CHANNEL = (
+    "gswarm:profiler:sessions:changed"  # pub/sub (see channel()): the hash above changed
+)
 METRICS_LATEST_KEY = "gswarm:metrics:latest"  # hash: node -> its newest frame
 METRICS_SEEN_KEY = "gswarm:metrics:latest:seen"
 SERVICE_LAST_REQUEST_KEY = "gswarm:services:last-request"  # hash: service -> time of its last gateway request
@@ -87,6 +91,16 @@ SWEEP_ASKED_KEY = (
 # process that committed it (the control worker as it applies reports, the web app for what a request changed);
 # each web process forwards it to its /api/v1/events sockets.
 EVENTS_CHANNEL = "gswarm:events"
+
+
+def channel(name: str, client: Any) -> str:
+    """The pub/sub channel `name` of the cluster whose Redis database `client` uses. Redis' channels belong to the
+    server, not to a database: two clusters on one server (each in a database of its own) would hear each other's
+    events without the database in the name."""
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+    return f"{name}@{db}"
+
+
 SERVICE_KEYS_KEY = "gswarm:services:keys"  # hash: replica URL -> the secret its server accepts requests with
 RECONCILER_LOCK_KEY = "gswarm:lock:reconciler"  # one round of the service reconciler at a time
 # The gateway's live counts, shared by every web process (control/live.py): `r:<replica>` in flight and

@@ -112,7 +112,7 @@ class Sampler:
         while not self._stop.is_set():
             pubsub = self.client.pubsub()
             try:
-                pubsub.subscribe(names.PROFILER_SESSIONS_CHANNEL)
+                pubsub.subscribe(names.channel(names.PROFILER_SESSIONS_CHANNEL, self.client))
                 # Redis confirms the subscription: from then on no announcement is missed
                 while not self._stop.is_set():
                     confirmed = pubsub.get_message(timeout=1.0)

@@ -105,7 +105,7 @@ class Hub:
             try:
                 client = redis.Redis.from_url(self.url, socket_timeout=10, socket_connect_timeout=5)
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(names.EVENTS_CHANNEL)
+                pubsub.subscribe(names.channel(names.EVENTS_CHANNEL, client))
                 if self.ready.is_set():  # a reconnect: whatever was published meanwhile is lost
                     self._fanout(json.dumps({"type": "resync", "reason": "the event channel was away"}))
                 self.ready.set()

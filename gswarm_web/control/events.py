@@ -133,9 +133,10 @@ def publish(events: list[dict[str, Any]]) -> None:
     if not events or not has_app_context() or time.monotonic() < _down_until:
         return
     try:
-        pipe = redis_client().pipeline(transaction=False)
+        client = redis_client()
+        pipe, where = client.pipeline(transaction=False), names.channel(names.EVENTS_CHANNEL, client)
         for ev in events:
-            pipe.publish(names.EVENTS_CHANNEL, json.dumps(ev, default=str))
+            pipe.publish(where, json.dumps(ev, default=str))
         pipe.execute()
     except redis.RedisError as exc:
         _down_until = time.monotonic() + RETRY_AFTER_S

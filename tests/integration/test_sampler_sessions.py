@@ -27,7 +27,7 @@ def test_a_started_session_sets_the_rate_at_once_and_a_stopped_one_gives_it_back
         announced = time.time()
         pipe = client.pipeline(transaction=True)  # what the control plane does when a session starts
         pipe.hset(names.PROFILER_SESSIONS_KEY, "s", json.dumps({"freq_ms": 100, "nodes": ["n1"]}))
-        pipe.publish(names.PROFILER_SESSIONS_CHANNEL, "s")
+        pipe.publish(names.channel(names.PROFILER_SESSIONS_CHANNEL, client), "s")
         pipe.execute()
 
         def after() -> list[float] | None:
@@ -41,7 +41,7 @@ def test_a_started_session_sets_the_rate_at_once_and_a_stopped_one_gives_it_back
         assert all(g < 0.3 for g in gaps), gaps
         pipe = client.pipeline(transaction=True)
         pipe.hdel(names.PROFILER_SESSIONS_KEY, "s")
-        pipe.publish(names.PROFILER_SESSIONS_CHANNEL, "s")
+        pipe.publish(names.channel(names.PROFILER_SESSIONS_CHANNEL, client), "s")
         pipe.execute()
         wait_for(lambda: sampler.period_s == 5.0, 2, "the default rate back")
     finally:

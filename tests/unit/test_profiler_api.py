@@ -47,8 +47,9 @@ def test_a_session_without_a_name_gets_one(api: Any, app: Flask) -> None:
 
 
 def test_a_session_start_and_stop_are_announced_to_the_samplers(api: Any, app: Flask) -> None:
-    pubsub = app.extensions["gswarm_redis"].pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(names.PROFILER_SESSIONS_CHANNEL)
+    client = app.extensions["gswarm_redis"]
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(names.channel(names.PROFILER_SESSIONS_CHANNEL, client))
     assert api("POST", "/profiler/sessions", {"name": "told", "freq_ms": 200})[0] == 201
     assert api("POST", "/profiler/sessions/told/stop", {})[0] == 200
     told, deadline = [], time.monotonic() + 5

@@ -50,16 +50,18 @@ def publish(s: ProfilerSession) -> None:
         "enable_bandwidth": s.enable_bandwidth,
         "enable_nvlink": s.enable_nvlink,
     }
-    pipe = redis_client().pipeline(transaction=True)
+    client = redis_client()
+    pipe = client.pipeline(transaction=True)
     pipe.hset(names.PROFILER_SESSIONS_KEY, s.name, json.dumps(doc))
-    pipe.publish(names.PROFILER_SESSIONS_CHANNEL, s.name)
+    pipe.publish(names.channel(names.PROFILER_SESSIONS_CHANNEL, client), s.name)
     pipe.execute()
 
 
 def unpublish(name: str) -> None:
-    pipe = redis_client().pipeline(transaction=True)
+    client = redis_client()
+    pipe = client.pipeline(transaction=True)
     pipe.hdel(names.PROFILER_SESSIONS_KEY, name)
-    pipe.publish(names.PROFILER_SESSIONS_CHANNEL, name)
+    pipe.publish(names.channel(names.PROFILER_SESSIONS_CHANNEL, client), name)
     pipe.execute()
 
 

@@ -1,0 +1,28 @@
+"""Two clusters on one Redis server, each in a database of its own, do not hear each other: Redis' pub/sub channels
+belong to the server, so gswarm names its channels with the database (real Redis, two apps, the events hub)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gswarm_web.api.events import Hub
+from gswarm_web.control import events
+from tests.harness.app import build_app, make_settings
+from tests.harness.redis_db import free_redis_db
+from tests.harness.services import REDIS_HOST, REDIS_PORT
+
+
+def test_a_clusters_events_reach_its_own_listeners_only(tmp_path: Path) -> None:
+    with free_redis_db() as a_db, free_redis_db() as b_db:
+        urls = {name: f"redis://{REDIS_HOST}:{REDIS_PORT}/{n}" for name, n in (("a", a_db), ("b", b_db))}
+        apps = {
+            name: build_app(make_settings(tmp_path / name, GSWARM_REDIS_URL=url))
+            for name, url in urls.items()
+        }
+        listener = Hub().join(urls["b"], set())  # cluster b's web process, listening
+        for name in ("a", "b"):  # a publishes first: were its event heard on b's channel, it would come first
+            with apps[name].app_context():
+                events.publish([{"type": "node", "id": f"from-{name}", "time": 0}])
+        heard = json.loads(listener.queue.get(timeout=10))
+        assert heard["id"] == "from-b", heard  # Redis delivers in the order it published: a's would be first
