@@ -21,6 +21,8 @@ from typing import Any
 from ..errors import ConfigError, InvalidRequest
 
 OPENAI_ROUTES = ("/v1/models", "/v1/embeddings", "/v1/completions", "/v1/chat/completions")
+# The engines' own metric families (their namespaces); a server's generic ones (process_*, python_*, http_*) are not
+ENGINE_METRICS = ("vllm:", "llamacpp:", "sglang:", "tgi_")
 KEY_HEADER = "X-Gswarm-Service-Key"  # the per-service secret the gateway sends; the built-in server checks it
 REQUEST_KEYS = (
     "engine",

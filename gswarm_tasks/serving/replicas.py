@@ -22,7 +22,7 @@ import requests
 
 from ..devices import safe_name
 from ..errors import TaskFailed
-from .engines import KEY_HEADER
+from .engines import ENGINE_METRICS, KEY_HEADER
 from .warm_start import WarmStarter
 
 MAX_METRICS = 1 << 20
@@ -223,7 +223,26 @@ class ServiceRegistry:
             r = requests.get(f"{entry['url']}{entry['metrics_path']}", headers=headers, timeout=3.0)
         except requests.RequestException:
             return None
-        return r.text[:MAX_METRICS] if r.status_code == 200 else None
+        return own_metrics(r.text) if r.status_code == 200 else None
+
+
+def own_metrics(text: str) -> str:
+    """The engine's own families of a /metrics text (their HELP, TYPE and samples), whole lines, at most
+    MAX_METRICS: a server's generic families (process_*, python_*, http_*) say nothing of the engine, and would
+    come back from every replica under names other exporters use too."""
+    kept, size = [], 0
+    for line in text.splitlines():
+        name = (
+            line.split(" ", 3)[2]
+            if line.startswith(("# HELP ", "# TYPE ")) and line.count(" ") >= 2
+            else line
+        )
+        if name.startswith(ENGINE_METRICS):
+            size += len(line) + 1
+            if size > MAX_METRICS:
+                break
+            kept.append(line)
+    return "".join(f"{line}\n" for line in kept)
 
 
 def created(pid: int) -> float | None:

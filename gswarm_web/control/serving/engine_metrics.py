@@ -1,7 +1,7 @@
 """The engines' own metrics (`vllm:*`, `llamacpp:*`, `sglang:*`, `tgi_*`) on gswarm's `/metrics`, as Prometheus
 federation would show them: every sample of the engines' own families in every replica's last scrape, labelled with
 its `service`, `model` and `replica` (the servers' generic families, `process_*`, `python_*`, `http_*`, are left
-out: they say nothing of the engine, and a vLLM replica's would triple its share of the scrape).
+out: they say nothing of the engine, and other exporters use the same names).
 
 A node scrapes its replicas' metrics with their health checks (`serving/replicas.py`) and keeps the text in Redis;
 here each replica's text is parsed once per scrape (prometheus_client's parser) and written again with those
@@ -19,6 +19,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from gswarm_tasks import names
+from gswarm_tasks.serving.engines import ENGINE_METRICS
 
 from ...extensions import db
 from ...tables import Model, Replica, Service
@@ -26,7 +27,6 @@ from ...tables import Model, Replica, Service
 log = logging.getLogger(__name__)
 
 STALE_S = 60.0
-NAMESPACES = ("vllm:", "llamacpp:", "sglang:", "tgi_")
 _parsed: dict[
     str, tuple[float, list[Any]]
 ] = {}  # replica -> (scraped at, its families): parsed once per scrape
@@ -49,10 +49,14 @@ def _families(replica: str, at: float, text: str) -> list[Any]:
     return families
 
 
-def scrapes(client: redis.Redis) -> dict[str, dict[str, Any]]:
-    """The fresh scrapes by replica id: {"at", "text", "node"}."""
+def scrapes(client: redis.Redis, replicas: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """The fresh scrapes by replica id (of `replicas`, else of all): {"at", "text", "node"}."""
     try:
-        raw: dict[bytes, bytes] = client.hgetall(names.ENGINE_METRICS_KEY)  # type: ignore[assignment]
+        if replicas is None:
+            raw: dict[bytes, bytes] = client.hgetall(names.ENGINE_METRICS_KEY)  # type: ignore[assignment]
+        else:
+            got: list[bytes | None] = client.hmget(names.ENGINE_METRICS_KEY, replicas) if replicas else []  # type: ignore[assignment]
+            raw = {r.encode(): v for r, v in zip(replicas, got, strict=True) if v is not None}
     except redis.RedisError:
         return {}
     now, out = time.time(), {}
@@ -77,7 +81,7 @@ QUEUES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:reques
 def engine_waiting(client: redis.Redis, replicas: list[str], fresh_s: float) -> float | None:
     """Requests waiting in the engines' own queues over `replicas`, from scrapes younger than `fresh_s` (None: no
     replica reports a queue)."""
-    found = scrapes(client)
+    found = scrapes(client, replicas)
     total, reported = 0.0, False
     now = time.time()
     for replica in replicas:
@@ -107,7 +111,7 @@ def engine_text(client: redis.Redis) -> str:
         doc = found[replica]
         extra = {"service": service, "model": model, "replica": replica}
         for fam in _families(replica, float(doc["at"]), doc["text"]):
-            if not fam.name.startswith(NAMESPACES):
+            if not fam.name.startswith(ENGINE_METRICS):  # a node keeps only these; an older one kept all
                 continue
             kind, help_, lines = families.setdefault(fam.name, (fam.type, fam.documentation, []))
             for sample in fam.samples:
