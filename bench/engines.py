@@ -55,7 +55,7 @@ from bench.gateway import service, start_api  # noqa: E402
 from gswarm_tasks.serving.keys import key_for  # noqa: E402
 from tests.harness.fleet import Fleet  # noqa: E402
 from tests.harness.hfserver import HfTestServer  # noqa: E402
-from tests.harness.procs import wait_for  # noqa: E402
+from tests.harness.procs import process_tree, wait_for  # noqa: E402
 
 ENGINES = Path(os.environ.get("GSWARM_ENGINES_DIR", Path.home() / ".cache" / "gswarm" / "engines"))
 MINILM = ENGINES / "models" / "all-MiniLM-L6-v2"
@@ -250,14 +250,6 @@ def read_results(out: Path, rc: int) -> dict[str, Any]:
 # --- where the gateway's time goes ---
 
 
-def process_tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
 def schedstat(procs: list[psutil.Process]) -> tuple[float, float]:
     """Seconds on a core and seconds runnable but waiting for one, over every thread of `procs`
     (/proc/<pid>/task/<tid>/schedstat: the kernel's run time and run-queue delay, in ns)."""
@@ -423,10 +415,8 @@ def brief(res: dict[str, Any]) -> dict[str, Any]:
         for k in ("p50_ms", "p99_ms", "rps", "ok")
     }
     out["failed"] = res["failed"]
-    if res.get(
-        "time"
-    ):  # CPU and run-queue wait per request (every phase's), gateway's and engine's processes
-        out.update(res["time"])
+    # CPU and run-queue wait per request (every phase's), of the gateway's and the engine's processes
+    out.update(res.get("time") or {})
     if res["rc"] != 0:
         out["rc"] = res["rc"]
     if res["errors"]:

@@ -96,6 +96,9 @@ class Sampler:
         self._kick = threading.Event()
         self._flush_lock = threading.Lock()
         self.listening = threading.Event()  # set while subscribed to the sessions' announcements
+        self._sessions_lock = (
+            threading.Lock()
+        )  # one read-and-set of the sessions at a time (two threads follow)
 
     def frame(self) -> dict[str, Any]:
         self.seq += 1
@@ -131,22 +134,24 @@ class Sampler:
                 pubsub.close()
 
     def _follow_sessions(self) -> None:
-        """Shortest period among active sessions that include this node; bandwidth/NVLink as they ask."""
-        raw: dict[bytes, bytes] = self.client.hgetall(names.PROFILER_SESSIONS_KEY)  # type: ignore[assignment]
-        period, bw, nv = self.default_period_s, self.bandwidth, self.nvlink
-        for value in raw.values():
-            try:
-                s = json.loads(value)
-            except ValueError:
-                continue
-            if s.get("nodes") and self.node not in s["nodes"]:
-                continue
-            period = min(period, max(MIN_PERIOD_S, float(s.get("freq_ms", 1000)) / 1000))
-            bw = bw or bool(s.get("enable_bandwidth"))
-            nv = nv or bool(s.get("enable_nvlink"))
-        if period != self.period_s:
-            self._kick.set()  # a new rate starts now, not after the old period runs out
-        self.period_s, self.bandwidth, self.nvlink = period, bw, nv
+        """Shortest period among active sessions that include this node; bandwidth/NVLink as they ask. The read and
+        the set are one step: a slower, older read by the other thread must not undo a newer one."""
+        with self._sessions_lock:
+            raw: dict[bytes, bytes] = self.client.hgetall(names.PROFILER_SESSIONS_KEY)  # type: ignore[assignment]
+            period, bw, nv = self.default_period_s, self.bandwidth, self.nvlink
+            for value in raw.values():
+                try:
+                    s = json.loads(value)
+                except ValueError:
+                    continue
+                if s.get("nodes") and self.node not in s["nodes"]:
+                    continue
+                period = min(period, max(MIN_PERIOD_S, float(s.get("freq_ms", 1000)) / 1000))
+                bw = bw or bool(s.get("enable_bandwidth"))
+                nv = nv or bool(s.get("enable_nvlink"))
+            if period != self.period_s:
+                self._kick.set()  # a new rate starts now, not after the old period runs out
+            self.period_s, self.bandwidth, self.nvlink = period, bw, nv
 
     def flush(self) -> bool:
         """Send buffered frames in order; on failure keep them (the oldest go first when the buffer is full)."""

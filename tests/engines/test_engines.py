@@ -29,7 +29,7 @@ import requests
 from gswarm_web.cli.up import control_plane_specs
 from tests.harness.fleet import Fleet, running_fleet
 from tests.harness.hfserver import HfTestServer
-from tests.harness.procs import Proc, wait_for
+from tests.harness.procs import Proc, process_tree, wait_for
 
 ENGINES = Path(os.environ.get("GSWARM_ENGINES_DIR", Path.home() / ".cache" / "gswarm" / "engines"))
 MINILM = ENGINES / "models" / "all-MiniLM-L6-v2"
@@ -103,20 +103,12 @@ def serve(fleet: Fleet, body: dict[str, Any]) -> dict[str, Any]:
 
 def stop(fleet: Fleet, svc: dict[str, Any]) -> None:
     pids = [r["pid"] for r in svc["instances"] if r.get("pid")]
-    procs = [p for pid in pids for p in _tree(pid)]
+    procs = [p for pid in pids for p in process_tree(pid)]
     code, _ = fleet.api("DELETE", f"/services/{svc['id']}")
     assert code == 202
     wait_for(lambda: fleet.get(f"/services/{svc['id']}")[1]["status"] == "stopped", 120, "the stop")
     wait_for(lambda: not [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 30,
              "nothing of the engine running")  # fmt: skip
-
-
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
 
 
 def explain(fleet: Fleet, sid: str) -> str:

@@ -11,7 +11,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process and everything it started (none when it is gone already)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:

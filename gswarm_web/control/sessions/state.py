@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,17 +50,18 @@ def publish(s: ProfilerSession) -> None:
         "enable_bandwidth": s.enable_bandwidth,
         "enable_nvlink": s.enable_nvlink,
     }
-    client = redis_client()
-    pipe = client.pipeline(transaction=True)
-    pipe.hset(names.PROFILER_SESSIONS_KEY, s.name, json.dumps(doc))
-    pipe.publish(names.channel(names.PROFILER_SESSIONS_CHANNEL, client), s.name)
-    pipe.execute()
+    _announce(s.name, lambda pipe: pipe.hset(names.PROFILER_SESSIONS_KEY, s.name, json.dumps(doc)))
 
 
 def unpublish(name: str) -> None:
+    _announce(name, lambda pipe: pipe.hdel(names.PROFILER_SESSIONS_KEY, name))
+
+
+def _announce(name: str, change: Callable[[Any], Any]) -> None:
+    """A change of the sessions hash and its announcement to the nodes' samplers, in one MULTI."""
     client = redis_client()
     pipe = client.pipeline(transaction=True)
-    pipe.hdel(names.PROFILER_SESSIONS_KEY, name)
+    change(pipe)
     pipe.publish(names.channel(names.PROFILER_SESSIONS_CHANNEL, client), name)
     pipe.execute()
 
